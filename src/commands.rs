@@ -1,0 +1,421 @@
+//! The LOCK.* commands: argument parsing, a call into the lock core, the reply, and the
+//! announcement and replication of whatever changed.
+
+use redis_module::key::{RedisKey, RedisKeyWritable};
+use redis_module::{raw, Context, ContextFlags, KeyType, RedisString, RedisValue};
+
+use crate::config;
+use crate::core::{Acquire, Lock};
+use crate::datatype::{fence_floor, Stored, LOCK_TYPE};
+use crate::error::LockError;
+use crate::metrics;
+use crate::replication::{self, Event};
+
+pub type CommandResult = Result<RedisValue, LockError>;
+
+/// Wall-clock time in ms since the Unix epoch, as Redis sees it.
+pub fn now_ms() -> u64 {
+    // SAFETY: RedisModule_Milliseconds takes no arguments and only reads the clock.
+    let ms = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
+    u64::try_from(ms).unwrap_or(0)
+}
+
+/// True when the command comes from the primary or the AOF: limits meant for clients do not
+/// apply to it.
+fn replayed(ctx: &Context) -> bool {
+    ctx.get_flags().intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+}
+
+/// Hides the argument at `pos` (a token) from SLOWLOG, MONITOR and the command log.
+fn redact(ctx: &Context, pos: i32) {
+    // SAFETY: valid context; Redis checks `pos` against the argument count.
+    unsafe {
+        if let Some(redact) = raw::RedisModule_RedactClientCommandArgument {
+            redact(ctx.ctx, pos);
+        }
+    }
+}
+
+/// Parses a strictly formatted integer (Redis' own rules: no sign but `-`, no spaces).
+fn integer(arg: &RedisString) -> Option<i64> {
+    let mut value: i64 = 0;
+    // SAFETY: valid string and out-pointer.
+    let status = unsafe {
+        raw::RedisModule_StringToLongLong.map(|f| f(arg.inner, &mut value))
+    }?;
+    (status == raw::REDISMODULE_OK as i32).then_some(value)
+}
+
+/// A duration in ms: a positive integer no larger than `max` (when a limit applies).
+fn duration(arg: &RedisString, name: &'static str, limit: Option<&'static config::NumericConfig>) -> Result<u64, LockError> {
+    let value = integer(arg).ok_or(LockError::BadInteger { name, detail: "not an integer" })?;
+    if value <= 0 {
+        return Err(LockError::BadInteger { name, detail: "must be positive" });
+    }
+    if let Some(limit) = limit {
+        let max = limit.get();
+        if value > max {
+            return Err(LockError::TooLarge { name, config: limit_name(limit), max });
+        }
+    }
+    u64::try_from(value).map_err(|_| LockError::BadInteger { name, detail: "must be positive" })
+}
+
+fn limit_name(limit: &config::NumericConfig) -> &'static str {
+    match limit.name {
+        "max-ttl" => "lock.max-ttl",
+        "max-waiters" => "lock.max-waiters",
+        _ => "lock.max-token-len",
+    }
+}
+
+fn ttl_arg(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
+    let limit = (!replayed(ctx)).then_some(&config::MAX_TTL);
+    duration(arg, "ttl-ms", limit)
+}
+
+fn token_arg<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockError> {
+    let token = arg.as_slice();
+    if token.is_empty() {
+        return Err(LockError::EmptyToken);
+    }
+    let max = config::MAX_TOKEN_LEN.get();
+    if !replayed(ctx) && i64::try_from(token.len()).map_or(true, |len| len > max) {
+        return Err(LockError::TokenTooLong { max });
+    }
+    Ok(token)
+}
+
+/// The lock stored in an open key: `None` when the key is empty, WRONGTYPE for other types.
+fn stored_mut<'a>(key: &'a RedisKeyWritable) -> Result<Option<&'a mut Stored>, LockError> {
+    match key.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::Module => key.get_value::<Stored>(&LOCK_TYPE).map_err(|_| LockError::WrongType),
+        _ => Err(LockError::WrongType),
+    }
+}
+
+fn stored<'a>(key: &'a RedisKey) -> Result<Option<&'a Stored>, LockError> {
+    match key.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::Module => key.get_value::<Stored>(&LOCK_TYPE).map_err(|_| LockError::WrongType),
+        _ => Err(LockError::WrongType),
+    }
+}
+
+fn deadline(lock: &Lock) -> Option<u64> {
+    lock.holder.as_ref().map(|h| h.deadline)
+}
+
+/// Applies `change` to the stored lock and, when it reports an event, announces and replicates
+/// it.
+fn change(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    change: impl FnOnce(&mut Lock) -> Option<Event>,
+) -> Option<Event> {
+    let before = deadline(stored.lock());
+    let event = stored.update(change)?;
+    replication::propagate(ctx, key, event, stored.lock(), before);
+    Some(event)
+}
+
+/// Removes a holder whose lease already ran out, as the expiry timer would have.
+fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
+    if stored.lock().is_overdue(now) {
+        change(ctx, key, stored, |lock| lock.expire(now).then_some(Event::Expired));
+        metrics::EXPIRED.incr();
+    }
+}
+
+#[derive(Default)]
+struct AcquireOptions {
+    wait: Option<u64>,
+    reentrant: bool,
+    session: bool,
+}
+
+fn acquire_options(args: &[RedisString]) -> Result<AcquireOptions, LockError> {
+    let mut options = AcquireOptions::default();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let word = arg.as_slice();
+        if word.eq_ignore_ascii_case(b"WAIT") {
+            if options.wait.is_some() {
+                return Err(LockError::RepeatedOption("WAIT"));
+            }
+            let timeout = rest.next().ok_or(LockError::BadInteger {
+                name: "timeout-ms",
+                detail: "missing after WAIT",
+            })?;
+            let value = integer(timeout).ok_or(LockError::BadInteger {
+                name: "timeout-ms",
+                detail: "not an integer",
+            })?;
+            let value = u64::try_from(value).map_err(|_| LockError::BadInteger {
+                name: "timeout-ms",
+                detail: "must not be negative",
+            })?;
+            options.wait = Some(value);
+        } else if word.eq_ignore_ascii_case(b"REENTRANT") {
+            if options.reentrant {
+                return Err(LockError::RepeatedOption("REENTRANT"));
+            }
+            options.reentrant = true;
+        } else if word.eq_ignore_ascii_case(b"SESSION") {
+            if options.session {
+                return Err(LockError::RepeatedOption("SESSION"));
+            }
+            options.session = true;
+        } else {
+            return Err(LockError::unknown_option(word));
+        }
+    }
+    Ok(options)
+}
+
+/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION]`
+pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token, ttl, options @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = token_arg(ctx, token)?;
+    let ttl = ttl_arg(ctx, ttl)?;
+    let options = acquire_options(options)?;
+    if options.wait.is_some() {
+        return Err(LockError::Unsupported("WAIT"));
+    }
+    if options.session {
+        return Err(LockError::Unsupported("SESSION"));
+    }
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let grant = |lock: &mut Lock| lock.acquire(token, ttl, options.reentrant, false, fence_floor(), now);
+    let outcome = match stored_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            let mut outcome = Ok(Acquire::Busy);
+            change(ctx, key_name, stored, |lock| {
+                outcome = grant(lock);
+                matches!(outcome, Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }))
+                    .then_some(Event::Acquire)
+            });
+            outcome
+        }
+        None => {
+            let mut lock = Lock::default();
+            let outcome = grant(&mut lock);
+            if outcome.is_ok() {
+                key.set_value(&LOCK_TYPE, Stored::new(lock.clone()))
+                    .map_err(|_| LockError::Internal)?;
+                replication::propagate(ctx, key_name, Event::Acquire, &lock, None);
+            }
+            outcome
+        }
+    };
+    match outcome.map_err(|_| LockError::FenceExhausted)? {
+        Acquire::Granted { fence } | Acquire::Refreshed { fence } => {
+            metrics::ACQUIRED.incr();
+            Ok(RedisValue::Integer(fence_reply(fence)))
+        }
+        Acquire::Busy => {
+            metrics::ACQUIRE_CONTENDED.incr();
+            Ok(RedisValue::Null)
+        }
+    }
+}
+
+fn fence_reply(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+/// `LOCK.RELEASE key token`
+pub fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = token_arg(ctx, token)?;
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let released = match stored_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            let mut released = None;
+            change(ctx, key_name, stored, |lock| {
+                released = lock.release(token, now);
+                released.map(|free| if free { Event::Release } else { Event::Sync })
+            });
+            released
+        }
+        None => None,
+    };
+    if released.is_some() {
+        metrics::RELEASED.incr();
+        Ok(RedisValue::Integer(1))
+    } else {
+        metrics::RELEASE_MISMATCH.incr();
+        Ok(RedisValue::Integer(0))
+    }
+}
+
+/// `LOCK.RENEW key token ttl-ms`
+pub fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token, ttl] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = token_arg(ctx, token)?;
+    let ttl = ttl_arg(ctx, ttl)?;
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let renewed = match stored_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            change(ctx, key_name, stored, |lock| lock.renew(token, ttl, now).then_some(Event::Renew))
+                .is_some()
+        }
+        None => false,
+    };
+    if renewed {
+        metrics::RENEWED.incr();
+    } else {
+        metrics::RENEW_FAILED.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(renewed)))
+}
+
+/// `LOCK.FORCERELEASE key`
+pub fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let freed = match stored_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            change(ctx, key_name, stored, |lock| {
+                lock.force_release(now).then_some(Event::ForceRelease)
+            })
+            .is_some()
+        }
+        None => false,
+    };
+    if freed {
+        metrics::FORCED.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(freed)))
+}
+
+/// `LOCK.FENCE key fence`
+pub fn fence(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, fence] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let fence = integer(fence)
+        .and_then(|f| u64::try_from(f).ok())
+        .filter(|f| *f > 0)
+        .ok_or(LockError::BadInteger { name: "fence", detail: "must be a positive integer" })?;
+    let key = ctx.open_key(key_name);
+    let current = stored(&key)?.is_some_and(|s| s.lock().fence_is_current(fence, now_ms()));
+    metrics::FENCE_CHECKS.incr();
+    if !current {
+        metrics::FENCE_REJECTS.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(current)))
+}
+
+/// `LOCK.INFO key`: a map (RESP3) or flat field/value array (RESP2); never the token.
+pub fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let key = ctx.open_key(key_name);
+    let Some(stored) = stored(&key)? else {
+        return Ok(RedisValue::Null);
+    };
+    let now = now_ms();
+    let lock = stored.lock();
+    let live = lock.live_holder(now);
+    let ttl = lock.ttl(now).map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
+    let fields: [(&str, RedisValue); 6] = [
+        ("state", RedisValue::SimpleStringStatic(if live.is_some() { "held" } else { "free" })),
+        ("fence", RedisValue::Integer(fence_reply(lock.fence))),
+        ("ttl", RedisValue::Integer(ttl)),
+        ("holds", RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds)))),
+        ("waiters", RedisValue::Integer(0)),
+        ("session", RedisValue::Integer(live.map_or(0, |h| i64::from(h.session)))),
+    ];
+    // The map header is followed by exactly 2 * len replies.
+    raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
+    for (name, value) in fields {
+        ctx.reply(Ok(RedisValue::SimpleStringStatic(name)));
+        ctx.reply(Ok(value));
+    }
+    Ok(RedisValue::NoReply)
+}
+
+/// `LOCK.APPLY key event fence floor [token deadline-ms holds flags]`: the replicated effect of
+/// a change on the primary. Refused from ordinary clients.
+pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, rest @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    if !replayed(ctx) {
+        return Err(LockError::InternalCommand);
+    }
+    redact(ctx, 5);
+    let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
+    let effect = replication::parse_effect(&raw_args)?;
+    replication::note_floor(&effect);
+    let key = ctx.open_key_writable(key_name);
+    let before = match stored_mut(&key)? {
+        Some(stored) => {
+            let before = deadline(stored.lock());
+            let lock = effect.lock.clone();
+            stored.update(|current| *current = lock);
+            before
+        }
+        None => {
+            key.set_value(&LOCK_TYPE, Stored::new(effect.lock.clone()))
+                .map_err(|_| LockError::Internal)?;
+            None
+        }
+    };
+    if !ctx.get_flags().contains(ContextFlags::LOADING) {
+        count_applied(effect.event);
+    }
+    replication::announce(ctx, key_name, effect.event, &effect.lock, before);
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// Replicas count what their primary did, so INFO reads alike on both.
+fn count_applied(event: Event) {
+    match event {
+        Event::Acquire => metrics::ACQUIRED.incr(),
+        Event::Release => metrics::RELEASED.incr(),
+        Event::Renew => metrics::RENEWED.incr(),
+        Event::Expired => metrics::EXPIRED.incr(),
+        Event::ForceRelease => metrics::FORCED.incr(),
+        Event::Sync => {}
+    }
+}
+
+/// Expires the lock under `key` (in the selected db) if its lease has run out: the expiry timer's
+/// work on one key.
+pub fn expire_key(ctx: &Context, key_name: &RedisString, now: u64) {
+    let key = ctx.open_key_writable(key_name);
+    if let Ok(Some(stored)) = stored_mut(&key) {
+        expire_overdue(ctx, key_name, stored, now);
+    }
+}
+
+/// The lease deadline of the lock under `key`, if it has a holder.
+pub fn lease_deadline(ctx: &Context, key_name: &RedisString) -> Option<u64> {
+    let key = ctx.open_key(key_name);
+    stored(&key).ok().flatten().and_then(|s| deadline(s.lock()))
+}

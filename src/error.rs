@@ -1,0 +1,90 @@
+//! Every error a client can see, with its exact reply text.
+
+use std::fmt;
+
+use redis_module::RedisError;
+
+/// One variant per reply a client may get; [`LockError::reply`] is the exact text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockError {
+    /// The standard arity error; Redis words it itself.
+    WrongArity,
+    WrongType,
+    /// A numeric argument that is not an integer in range. `name` is the argument's name.
+    BadInteger { name: &'static str, detail: &'static str },
+    /// A numeric argument above its configured limit.
+    TooLarge { name: &'static str, config: &'static str, max: i64 },
+    EmptyToken,
+    TokenTooLong { max: i64 },
+    UnknownOption(String),
+    RepeatedOption(&'static str),
+    /// An option this server does not support yet.
+    Unsupported(&'static str),
+    FenceExhausted,
+    /// LOCK.APPLY sent by a client instead of the replication link or AOF.
+    InternalCommand,
+    /// A malformed LOCK.APPLY (from a corrupted AOF, say).
+    BadEffect(&'static str),
+    /// A bug caught at the panic boundary.
+    Internal,
+}
+
+impl LockError {
+    pub fn reply(&self) -> String {
+        match self {
+            LockError::WrongArity => "wrong number of arguments".into(),
+            LockError::WrongType => {
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into()
+            }
+            LockError::BadInteger { name, detail } => format!("ERR invalid {name}: {detail}"),
+            LockError::TooLarge { name, config, max } => {
+                format!("ERR invalid {name}: exceeds {config} ({max})")
+            }
+            LockError::EmptyToken => "ERR invalid token: must not be empty".into(),
+            LockError::TokenTooLong { max } => {
+                format!("ERR invalid token: longer than lock.max-token-len ({max} bytes)")
+            }
+            LockError::UnknownOption(opt) => format!("ERR unknown option '{opt}'"),
+            LockError::RepeatedOption(opt) => format!("ERR option {opt} given more than once"),
+            LockError::Unsupported(opt) => {
+                format!("ERR option {opt} is not supported by this version of the lock module")
+            }
+            LockError::FenceExhausted => "ERR fence space exhausted for this key".into(),
+            LockError::InternalCommand => {
+                "ERR LOCK.APPLY is internal: only the replication link and AOF loading may send it"
+                    .into()
+            }
+            LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
+            LockError::Internal => {
+                "ERR internal error in the lock module; details are in the server log".into()
+            }
+        }
+    }
+
+    /// An unknown option as typed, made printable and short (it never holds the token: the
+    /// token is always a positional argument).
+    pub fn unknown_option(raw: &[u8]) -> LockError {
+        let shown: String = String::from_utf8_lossy(raw)
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .take(64)
+            .collect();
+        LockError::UnknownOption(shown)
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reply())
+    }
+}
+
+impl From<LockError> for RedisError {
+    fn from(err: LockError) -> Self {
+        match err {
+            LockError::WrongArity => RedisError::WrongArity,
+            LockError::WrongType => RedisError::WrongType,
+            other => RedisError::String(other.reply()),
+        }
+    }
+}

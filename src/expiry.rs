@@ -1,0 +1,169 @@
+//! Active expiry of leases on the primary.
+//!
+//! An index of (deadline, db, key) entries, kept in step with grants, renewals and releases,
+//! and a single module timer armed for the earliest deadline. When it fires on a primary it
+//! expires every overdue lock (announcing `lock.expired` and replicating the release), in slices
+//! of a couple of milliseconds so a mass expiry never stalls the event loop. Replicas keep the
+//! index too (they apply the same effects) but never expire anything themselves.
+//!
+//! Entries are hints: a key renamed, moved, deleted or flushed leaves a stale entry, which is
+//! dropped when it comes due. Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE,
+//! loading) are indexed from keyspace events and by a scan after loading.
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redis_module::{raw, Context, ContextFlags};
+
+use crate::commands;
+
+/// How long one timer run may spend expiring locks before yielding to the event loop.
+const SLICE: Duration = Duration::from_millis(2);
+/// How often a replica (or a loading server) looks again.
+const IDLE_RECHECK_MS: u64 = 100;
+
+type Entry = (u64, i32, Box<[u8]>);
+
+struct Index {
+    entries: BTreeSet<Entry>,
+    /// The armed timer and the time it fires.
+    armed: Option<(raw::RedisModuleTimerID, u64)>,
+}
+
+static INDEX: Mutex<Index> = Mutex::new(Index { entries: BTreeSet::new(), armed: None });
+
+fn index() -> MutexGuard<'static, Index> {
+    INDEX.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Moves the entry of `key` from `old` to `new` deadline and makes sure the timer fires in time.
+pub fn reindex(ctx: &Context, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
+    let mut idx = index();
+    if let Some(old) = old {
+        idx.entries.remove(&(old, db, key.into()));
+    }
+    if let Some(new) = new {
+        idx.entries.insert((new, db, key.into()));
+        arm(ctx, &mut idx, new);
+    }
+}
+
+/// Number of leases the index tracks (INFO and tests).
+pub fn tracked() -> usize {
+    index().entries.len()
+}
+
+/// Arms the timer to fire at `at` unless it already fires no later.
+fn arm(ctx: &Context, idx: &mut Index, at: u64) {
+    if idx.armed.is_some_and(|(_, fires)| fires <= at) {
+        return;
+    }
+    if let Some((id, _)) = idx.armed.take() {
+        // SAFETY: valid context; stopping an id that already fired is a harmless error.
+        unsafe {
+            if let Some(stop) = raw::RedisModule_StopTimer {
+                stop(ctx.ctx, id, std::ptr::null_mut());
+            }
+        }
+    }
+    let delay = at.saturating_sub(commands::now_ms());
+    let delay = i64::try_from(delay).unwrap_or(i64::MAX);
+    // SAFETY: valid context; the callback is a plain function and takes no data.
+    let id = unsafe {
+        raw::RedisModule_CreateTimer
+            .map(|create| create(ctx.ctx, delay, Some(crate::ffi::expiry_timer), std::ptr::null_mut()))
+    };
+    if let Some(id) = id {
+        idx.armed = Some((id, at));
+    }
+}
+
+/// The timer callback: expire what is due, then re-arm for the next deadline.
+pub fn on_timer(ctx: &Context) {
+    let now = commands::now_ms();
+    index().armed = None;
+    let flags = ctx.get_flags();
+    if !flags.contains(ContextFlags::MASTER) || flags.contains(ContextFlags::LOADING) {
+        let mut idx = index();
+        if !idx.entries.is_empty() {
+            arm(ctx, &mut idx, now + IDLE_RECHECK_MS);
+        }
+        return;
+    }
+    let original_db = crate::replication::selected_db(ctx);
+    let started = Instant::now();
+    let mut more_due = false;
+    loop {
+        let due = {
+            let mut idx = index();
+            match idx.entries.first() {
+                Some((deadline, _, _)) if *deadline <= now => idx.entries.pop_first(),
+                _ => None,
+            }
+        };
+        let Some((_, db, key)) = due else { break };
+        expire_key(ctx, db, &key, now);
+        if started.elapsed() >= SLICE {
+            more_due = true;
+            break;
+        }
+    }
+    select_db(ctx, original_db);
+    let mut idx = index();
+    let next = if more_due { Some(now) } else { idx.entries.first().map(|(d, _, _)| *d) };
+    if let Some(next) = next {
+        arm(ctx, &mut idx, next);
+    }
+}
+
+fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: valid context; Redis refuses ids out of range.
+    unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as i32) }
+}
+
+fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
+    if !select_db(ctx, db) {
+        return;
+    }
+    let name = ctx.create_string(key);
+    commands::expire_key(ctx, &name, now);
+}
+
+/// Indexes the lock under `key` in the selected db, if it is held (keyspace events for keys
+/// that arrive without a grant: RENAME, MOVE, COPY, RESTORE).
+pub fn index_key(ctx: &Context, key: &[u8]) {
+    let db = crate::replication::selected_db(ctx);
+    let name = ctx.create_string(key);
+    if let Some(deadline) = commands::lease_deadline(ctx, &name) {
+        let mut idx = index();
+        idx.entries.insert((deadline, db, key.into()));
+        arm(ctx, &mut idx, deadline);
+    }
+}
+
+/// Forgets the entries of one database, or all for `None` (FLUSHDB / FLUSHALL).
+pub fn forget_db(db: Option<i32>) {
+    let mut idx = index();
+    match db {
+        Some(db) => idx.entries.retain(|(_, d, _)| *d != db),
+        None => idx.entries.clear(),
+    }
+}
+
+/// Rebuilds the index from the keyspace (after loading, SWAPDB).
+pub fn rebuild(ctx: &Context) {
+    let original_db = crate::replication::selected_db(ctx);
+    let mut found: Vec<Entry> = Vec::new();
+    let mut db = 0;
+    while select_db(ctx, db) {
+        crate::ffi::scan_locks(ctx, |key, deadline| found.push((deadline, db, key.into())));
+        db += 1;
+    }
+    select_db(ctx, original_db);
+    let mut idx = index();
+    idx.entries = found.into_iter().collect();
+    if let Some(first) = idx.entries.first().map(|(d, _, _)| *d) {
+        arm(ctx, &mut idx, first);
+    }
+}

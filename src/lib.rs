@@ -1,0 +1,146 @@
+//! The lock module for Redis: `LOCK.*` commands on a persistent, replicated lock type with
+//! strictly increasing fences.
+//!
+//! This file is the module table: the commands with their flags, key specs and documentation,
+//! the data type, configs, INFO and the server events the module listens to. The behaviour lives
+//! in the modules below; all raw callbacks are in `ffi`.
+
+pub mod commands;
+pub mod config;
+pub mod core;
+pub mod datatype;
+pub mod error;
+pub mod expiry;
+pub mod ffi;
+pub mod metrics;
+pub mod replication;
+
+use std::ffi::CStr;
+
+use ffi::{ArgDef, ArgKind, CommandDef, KeyAccess};
+
+/// Rust allocations go through Redis' allocator, so INFO memory, MEMORY USAGE and maxmemory
+/// see them. (Unit tests run without a server and keep the system allocator.)
+#[cfg(not(test))]
+#[global_allocator]
+static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAlloc;
+
+pub const MODULE_NAME: &CStr = c"lock";
+pub const MODULE_VERSION: i32 = 1;
+pub const SINCE: &CStr = c"0.1.0";
+
+const KEY: ArgDef = ArgDef::new(c"key", ArgKind::Key);
+const TOKEN: ArgDef = ArgDef::new(c"token", ArgKind::String);
+const TTL: ArgDef = ArgDef::new(c"ttl-ms", ArgKind::Integer);
+
+pub static COMMANDS: &[CommandDef] = &[
+    CommandDef {
+        name: c"lock.acquire",
+        callback: ffi::cmd_acquire,
+        flags: c"write deny-oom",
+        arity: -4,
+        key: KeyAccess::ReadWrite,
+        summary: c"Takes the lock for a token and returns its fence, or nil when another token holds it.",
+        complexity: c"O(1)",
+        args: &[
+            KEY,
+            TOKEN,
+            TTL,
+            ArgDef::new(c"timeout-ms", ArgKind::Integer).token(c"WAIT").optional(),
+            ArgDef::new(c"reentrant", ArgKind::PureToken).token(c"REENTRANT").optional(),
+            ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
+        ],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.release",
+        callback: ffi::cmd_release,
+        flags: c"write fast",
+        arity: 3,
+        key: KeyAccess::ReadWrite,
+        summary: c"Drops one hold of the lock if the token holds it; at zero holds the lock is free.",
+        complexity: c"O(1)",
+        args: &[KEY, TOKEN],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.renew",
+        callback: ffi::cmd_renew,
+        flags: c"write fast",
+        arity: 4,
+        key: KeyAccess::ReadWrite,
+        summary: c"Extends the lease to ttl-ms from now if the token holds the lock.",
+        complexity: c"O(1)",
+        args: &[KEY, TOKEN, TTL],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.fence",
+        callback: ffi::cmd_fence,
+        flags: c"readonly fast",
+        arity: 3,
+        key: KeyAccess::Read,
+        summary: c"Tells whether a fence belongs to the current, unexpired holder of the lock.",
+        complexity: c"O(1)",
+        args: &[KEY, ArgDef::new(c"fence", ArgKind::Integer)],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.info",
+        callback: ffi::cmd_info,
+        flags: c"readonly fast",
+        arity: 2,
+        key: KeyAccess::Read,
+        summary: c"Shows a lock's state, last fence, remaining lease, holds, waiters and session flag; never the token.",
+        complexity: c"O(1)",
+        args: &[KEY],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.forcerelease",
+        callback: ffi::cmd_force_release,
+        flags: c"write fast",
+        arity: 2,
+        key: KeyAccess::Update,
+        summary: c"Frees the lock whoever holds it (operators only).",
+        complexity: c"O(1)",
+        args: &[KEY],
+        acl: c"dangerous",
+    },
+    CommandDef {
+        name: c"lock.apply",
+        callback: ffi::cmd_apply,
+        flags: c"write no-monitor no-slowlog",
+        arity: -5,
+        key: KeyAccess::Overwrite,
+        summary: c"Internal: applies a lock state change sent by the primary or read from the AOF.",
+        complexity: c"O(1)",
+        args: &[
+            KEY,
+            ArgDef::new(c"event", ArgKind::String),
+            ArgDef::new(c"fence", ArgKind::Integer),
+            ArgDef::new(c"floor", ArgKind::Integer),
+            ArgDef::new(c"holder", ArgKind::String).optional().multiple(),
+        ],
+        acl: c"",
+    },
+];
+
+/// Everything the module registers, in order. Called once from `RedisModule_OnLoad`.
+fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String> {
+    ffi::set_module_options(ctx);
+    ffi::create_data_type(ctx)?;
+    config::check_arg_names(args)?;
+    for config in config::ALL {
+        let default = config::value_from_args(config, args)?;
+        ffi::register_config(ctx, config, default)?;
+    }
+    ffi::load_configs(ctx)?;
+    for command in COMMANDS {
+        ffi::create_command(ctx, command)?;
+    }
+    ffi::register_info(ctx)?;
+    ffi::subscribe_events(ctx)?;
+    ffi::install_panic_hook();
+    Ok(())
+}

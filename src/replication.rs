@@ -1,0 +1,223 @@
+//! State changes as effects. The primary decides; replicas and AOF replay apply.
+//!
+//! Every change of a lock is sent to replicas and the AOF as
+//! `LOCK.APPLY key event fence floor [token deadline-ms holds flags]`: the whole resulting state
+//! with absolute values, so applying it never depends on the replica's clock or configs. The
+//! same function announces the change locally: keyspace notification, WATCH invalidation and
+//! the expiry index.
+
+use redis_module::{raw, Context, NotifyEvent, RedisString};
+
+use crate::core::{Holder, Lock, MAX_FENCE};
+use crate::datatype::{fence_floor, raise_fence_floor};
+use crate::error::LockError;
+use crate::expiry;
+
+/// The name of the internal effect command.
+pub const APPLY: &str = "LOCK.APPLY";
+
+/// What happened to a lock. Each has a keyspace event except `Sync`, which restates a lock
+/// without announcing anything (AOF rewrite, a release that only dropped one reentrant hold).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Acquire,
+    Release,
+    Renew,
+    Expired,
+    ForceRelease,
+    Sync,
+}
+
+impl Event {
+    const ALL: [Event; 6] = [
+        Event::Acquire,
+        Event::Release,
+        Event::Renew,
+        Event::Expired,
+        Event::ForceRelease,
+        Event::Sync,
+    ];
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Event::Acquire => "acquire",
+            Event::Release => "release",
+            Event::Renew => "renew",
+            Event::Expired => "expired",
+            Event::ForceRelease => "forcerelease",
+            Event::Sync => "sync",
+        }
+    }
+
+    /// The keyspace notification, published in the module class (`d`).
+    pub fn notification(self) -> Option<&'static str> {
+        match self {
+            Event::Acquire => Some("lock.acquire"),
+            Event::Release => Some("lock.release"),
+            Event::Renew => Some("lock.renew"),
+            Event::Expired => Some("lock.expired"),
+            Event::ForceRelease => Some("lock.forcerelease"),
+            Event::Sync => None,
+        }
+    }
+
+    fn parse(word: &[u8]) -> Option<Event> {
+        Event::ALL.into_iter().find(|e| e.word().as_bytes() == word)
+    }
+}
+
+const FLAG_SESSION: u64 = 1;
+
+/// The arguments of `LOCK.APPLY` after the key.
+pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
+    let mut args = vec![
+        event.word().as_bytes().to_vec(),
+        lock.fence.to_string().into_bytes(),
+        fence_floor().max(lock.fence).to_string().into_bytes(),
+    ];
+    if let Some(holder) = &lock.holder {
+        args.push(holder.token.to_vec());
+        args.push(holder.deadline.to_string().into_bytes());
+        args.push(holder.holds.to_string().into_bytes());
+        let flags = if holder.session { FLAG_SESSION } else { 0 };
+        args.push(flags.to_string().into_bytes());
+    }
+    args
+}
+
+/// A decoded `LOCK.APPLY`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Effect {
+    pub event: Event,
+    pub lock: Lock,
+    pub floor: u64,
+}
+
+fn number(arg: &[u8], what: &'static str) -> Result<u64, LockError> {
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or(LockError::BadEffect(what))
+}
+
+/// Parses the arguments after the key.
+pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
+    let (event, fence, floor, rest) = match args {
+        [event, fence, floor, rest @ ..] => (event, fence, floor, rest),
+        _ => return Err(LockError::WrongArity),
+    };
+    let event = Event::parse(event).ok_or(LockError::BadEffect("unknown event"))?;
+    let fence = number(fence, "fence")?;
+    let floor = number(floor, "floor")?;
+    if fence > MAX_FENCE || floor > MAX_FENCE {
+        return Err(LockError::BadEffect("fence out of range"));
+    }
+    let holder = match rest {
+        [] => None,
+        [token, deadline, holds, flags] => {
+            if token.is_empty() {
+                return Err(LockError::BadEffect("empty token"));
+            }
+            let holds = u32::try_from(number(holds, "holds")?)
+                .ok()
+                .filter(|h| *h > 0)
+                .ok_or(LockError::BadEffect("holds"))?;
+            Some(Holder {
+                token: token.to_vec().into_boxed_slice(),
+                deadline: number(deadline, "deadline")?,
+                holds,
+                session: number(flags, "flags")? & FLAG_SESSION != 0,
+            })
+        }
+        _ => return Err(LockError::WrongArity),
+    };
+    Ok(Effect { event, lock: Lock { fence, holder }, floor })
+}
+
+/// The database the context works on.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: a valid context; the call only reads the client's db id.
+    unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// Tells the rest of the server about a change that already happened to `lock` under `key`:
+/// WATCH invalidation, the keyspace notification and the expiry index. `old_deadline` is the
+/// lease deadline before the change, if there was one.
+pub fn announce(ctx: &Context, key: &RedisString, event: Event, lock: &Lock, old_deadline: Option<u64>) {
+    // SAFETY: valid context and key string for the duration of the call.
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+            signal(ctx.ctx, key.inner);
+        }
+    }
+    if let Some(name) = event.notification() {
+        ctx.notify_keyspace_event(NotifyEvent::MODULE, name, key);
+    }
+    let db = selected_db(ctx);
+    let new_deadline = lock.holder.as_ref().map(|h| h.deadline);
+    if old_deadline != new_deadline {
+        expiry::reindex(ctx, db, key.as_slice(), old_deadline, new_deadline);
+    }
+}
+
+/// On the primary: announce a change and send it to replicas and the AOF.
+pub fn propagate(ctx: &Context, key: &RedisString, event: Event, lock: &Lock, old_deadline: Option<u64>) {
+    announce(ctx, key, event, lock, old_deadline);
+    let args = effect_args(event, lock);
+    let mut all: Vec<&[u8]> = Vec::with_capacity(args.len() + 1);
+    all.push(key.as_slice());
+    all.extend(args.iter().map(Vec::as_slice));
+    ctx.replicate(APPLY, all.as_slice());
+}
+
+/// Raises the fence floor for an applied effect.
+pub fn note_floor(effect: &Effect) {
+    raise_fence_floor(effect.floor.max(effect.lock.fence));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(event: Event, lock: Lock) {
+        let args = effect_args(event, &lock);
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let effect = parse_effect(&refs).unwrap();
+        assert_eq!(effect.event, event);
+        assert_eq!(effect.lock, lock);
+        assert!(effect.floor >= lock.fence);
+    }
+
+    #[test]
+    fn effects_round_trip() {
+        round_trip(Event::Release, Lock { fence: 9, holder: None });
+        round_trip(
+            Event::Acquire,
+            Lock {
+                fence: 10,
+                holder: Some(Holder {
+                    token: b"\x00\xffbinary".to_vec().into_boxed_slice(),
+                    deadline: 1_764_000_000_000,
+                    holds: 3,
+                    session: true,
+                }),
+            },
+        );
+    }
+
+    #[test]
+    fn malformed_effects_are_refused() {
+        let bad: [&[&[u8]]; 7] = [
+            &[b"acquire", b"1"],
+            &[b"bogus", b"1", b"1"],
+            &[b"acquire", b"-1", b"1"],
+            &[b"acquire", b"1", b"1", b"tok"],
+            &[b"acquire", b"1", b"1", b"", b"5", b"1", b"0"],
+            &[b"acquire", b"1", b"1", b"tok", b"5", b"0", b"0"],
+            &[b"acquire", b"99999999999999999999", b"1"],
+        ];
+        for args in bad {
+            assert!(parse_effect(args).is_err(), "{args:?}");
+        }
+    }
+}
