@@ -1,0 +1,342 @@
+//! Test servers: a real redis-server with the module loaded, in its own temporary directory, on
+//! a free loopback port, stopped when the guard drops. Waits are bounded and poll for state.
+//!
+//! The server binary is `$REDIS_SERVER` or `redis-server` from PATH; the module is `$LOCK_MODULE`
+//! or the debug build in `target/` (`make test` builds it first).
+
+#![allow(dead_code)]
+
+pub mod resp;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub use resp::{Conn, Reply};
+
+/// Longest time any test waits for a condition.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+pub fn redis_server_binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+pub fn module_path() -> PathBuf {
+    if let Ok(path) = std::env::var("LOCK_MODULE") {
+        return PathBuf::from(path);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("target/debug/libredis_lock.so");
+    assert!(path.exists(), "{} is missing: run `cargo build` (make test does)", path.display());
+    path
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Polls `check` until it returns `Some`, or panics after [`PATIENCE`] with `what`.
+pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        sleep(Duration::from_millis(5));
+    }
+}
+
+/// How to start a server.
+#[derive(Clone)]
+pub struct Config {
+    /// `--name value` pairs for redis-server.
+    pub server_args: Vec<(String, String)>,
+    /// Arguments after the module path.
+    pub module_args: Vec<String>,
+    pub load_module: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server_args: vec![
+                ("save".into(), "".into()),
+                ("appendonly".into(), "no".into()),
+                ("enable-debug-command".into(), "yes".into()),
+            ],
+            module_args: Vec::new(),
+            load_module: true,
+        }
+    }
+}
+
+impl Config {
+    /// Sets (or replaces) a redis-server option.
+    pub fn with(mut self, name: &str, value: &str) -> Self {
+        self.server_args.retain(|(n, _)| n != name);
+        self.server_args.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn module_arg(mut self, arg: &str) -> Self {
+        self.module_args.push(arg.into());
+        self
+    }
+}
+
+/// A running redis-server; killed (and its directory removed) on drop.
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub config: Config,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with(Config::default())
+    }
+
+    pub fn start_with(config: Config) -> Server {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut server = Server { child: None, port: 0, config, dir };
+        server.launch();
+        server
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn launch(&mut self) {
+        for _ in 0..5 {
+            self.port = free_port();
+            let mut cmd = Command::new(redis_server_binary());
+            cmd.arg("--port").arg(self.port.to_string());
+            cmd.arg("--bind").arg("127.0.0.1");
+            cmd.arg("--dir").arg(self.dir.path());
+            cmd.arg("--logfile").arg(self.dir.path().join("server.log"));
+            cmd.arg("--daemonize").arg("no");
+            for (name, value) in &self.config.server_args {
+                cmd.arg(format!("--{name}")).arg(value);
+            }
+            if self.config.load_module {
+                cmd.arg("--loadmodule").arg(module_path());
+                cmd.args(&self.config.module_args);
+            }
+            cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            let mut child = cmd.spawn().expect("spawn redis-server (install it or set REDIS_SERVER)");
+            let start = Instant::now();
+            let ready = loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break false;
+                }
+                if let Ok(mut conn) = Conn::connect(self.port, Duration::from_secs(1)) {
+                    if matches!(conn.try_read_ping(), Some(true)) {
+                        break true;
+                    }
+                }
+                if start.elapsed() > PATIENCE {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break false;
+                }
+                sleep(Duration::from_millis(10));
+            };
+            if ready {
+                self.child = Some(child);
+                return;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            if self.log().contains("Can't load module") || self.log().contains("not loaded") {
+                break;
+            }
+        }
+        panic!("redis-server did not start; log:\n{}", self.log());
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    pub fn conn(&self) -> Conn {
+        Conn::connect(self.port, PATIENCE).expect("connect")
+    }
+
+    /// A RESP3 connection.
+    pub fn conn3(&self) -> Conn {
+        let mut conn = self.conn();
+        let hello = conn.call(&["HELLO", "3"]);
+        assert!(matches!(hello, Reply::Map(_)), "{hello:?}");
+        conn
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Stops the server the way an operator would (SHUTDOWN, which saves if persistence is on).
+    pub fn shutdown(&mut self) {
+        let mut conn = self.conn();
+        conn.send(&["SHUTDOWN"]);
+        let _ = conn.try_read();
+        self.reap();
+    }
+
+    /// Kills the server with SIGKILL: no save, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+        }
+        self.reap();
+    }
+
+    fn reap(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let start = Instant::now();
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if start.elapsed() > PATIENCE {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Starts the server again on the same directory and configuration.
+    pub fn restart(&mut self) {
+        self.reap();
+        self.launch();
+    }
+
+    pub fn shutdown_and_restart(&mut self) {
+        self.shutdown();
+        self.launch();
+    }
+
+    /// One field of INFO, as text.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        let info = self.conn().call(&["INFO", section]).text();
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+    }
+
+    pub fn info_int(&self, field: &str) -> i64 {
+        let section = if field.starts_with("lock_") { "lock" } else { "everything" };
+        self.info_field(section, field)
+            .unwrap_or_else(|| panic!("no INFO field {field}"))
+            .parse()
+            .expect("integer INFO field")
+    }
+
+    /// Makes this server a replica of `primary` and waits until the link is up and synced.
+    pub fn replicate_from(&self, primary: &Server) {
+        let reply = self.conn().call(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
+        assert_eq!(reply, Reply::status("OK"));
+        wait_for("replica link up", || {
+            (self.info_field("replication", "master_link_status").as_deref() == Some("up"))
+                .then_some(())
+        });
+    }
+
+    /// Waits until every replica of this primary acknowledged all writes so far.
+    pub fn sync_replicas(&self, count: i64) {
+        let acked = self.conn().call(&["WAIT", &count.to_string(), "10000"]).int();
+        assert_eq!(acked, count, "replicas acknowledged");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Conn {
+    fn try_read_ping(&mut self) -> Option<bool> {
+        self.send(&["PING"]);
+        match self.try_read() {
+            Ok(Reply::Status(s)) => Some(s == "PONG"),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        }
+    }
+}
+
+/// `LOCK.INFO` as (field, value) pairs with integer values where the server sent integers.
+pub fn lock_info(conn: &mut Conn, key: &str) -> Option<Vec<(String, Reply)>> {
+    match conn.call(&["LOCK.INFO", key]) {
+        Reply::Nil => None,
+        Reply::Array(items) => Some(
+            items
+                .chunks(2)
+                .map(|pair| (pair[0].text(), pair[1].clone()))
+                .collect(),
+        ),
+        Reply::Map(pairs) => Some(pairs.into_iter().map(|(k, v)| (k.text(), v)).collect()),
+        other => panic!("unexpected LOCK.INFO reply {other:?}"),
+    }
+}
+
+/// One field of `LOCK.INFO`.
+pub fn lock_field(conn: &mut Conn, key: &str, field: &str) -> Reply {
+    lock_info(conn, key)
+        .unwrap_or_else(|| panic!("{key} does not exist"))
+        .into_iter()
+        .find(|(name, _)| name == field)
+        .map(|(_, value)| value)
+        .unwrap_or_else(|| panic!("LOCK.INFO {key} has no field {field}"))
+}
+
+pub fn fence_of(conn: &mut Conn, key: &str) -> i64 {
+    lock_field(conn, key, "fence").int()
+}
+
+pub fn state_of(conn: &mut Conn, key: &str) -> String {
+    lock_field(conn, key, "state").text()
+}
+
+/// Acquires and returns the fence, failing the test when the lock is not granted.
+pub fn acquire(conn: &mut Conn, key: &str, token: &str, ttl: u64) -> i64 {
+    match conn.call(&["LOCK.ACQUIRE", key, token, &ttl.to_string()]) {
+        Reply::Int(fence) => fence,
+        other => panic!("LOCK.ACQUIRE {key} {token} {ttl}: {other:?}"),
+    }
+}
+
+/// `DEBUG DIGEST-VALUE key` as text.
+pub fn digest_value(conn: &mut Conn, key: &str) -> String {
+    let reply = conn.call(&["DEBUG", "DIGEST-VALUE", key]);
+    reply.items()[0].text()
+}
+
+/// Subscribes (RESP2) to keyspace notifications of `key` in db 0 and returns the connection.
+pub fn subscribe_keyspace(server: &Server, key: &str) -> Conn {
+    let mut sub = server.conn();
+    let channel = format!("__keyspace@0__:{key}");
+    let reply = sub.call(&["SUBSCRIBE", &channel]);
+    assert_eq!(reply.items()[0], Reply::bulk("subscribe"));
+    sub
+}
+
+/// The next keyspace event name a subscription receives.
+pub fn next_event(sub: &mut Conn) -> String {
+    let message = sub.read();
+    let items = message.items();
+    assert_eq!(items[0], Reply::bulk("message"), "{message:?}");
+    items[2].text()
+}
