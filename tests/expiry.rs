@@ -1,0 +1,160 @@
+//! Active expiry: a lease that runs out frees its lock on the primary even when no command
+//! touches the key, wherever the key went (other db, RENAME, MOVE, SWAPDB, reload).
+
+mod common;
+
+use std::time::Instant;
+
+use common::*;
+
+fn notifying_server() -> Server {
+    Server::start_with(Config::default().with("notify-keyspace-events", "Kd"))
+}
+
+fn wait_until_expired(server: &Server, count: i64) {
+    wait_for("leases to expire", || (server.info_int("lock_expired") >= count).then_some(()));
+}
+
+#[test]
+fn lease_runs_out_without_any_command_touching_the_key() {
+    let server = notifying_server();
+    let mut c = server.conn();
+    let mut sub = subscribe_keyspace(&server, "k");
+    let granted_at = Instant::now();
+    acquire(&mut c, "k", "a", 300);
+    assert_eq!(next_event(&mut sub), "lock.acquire");
+    assert_eq!(next_event(&mut sub), "lock.expired");
+    let after = granted_at.elapsed().as_millis();
+    assert!(after >= 290, "expired after {after} ms, before its deadline");
+    assert!(after < 800, "expired {after} ms after the grant of a 300 ms lease");
+    assert_eq!(server.info_int("lock_held"), 0);
+    assert_eq!(server.info_int("lock_expired"), 1);
+    assert_eq!(server.info_int("lock_keys"), 1);
+    assert_eq!(state_of(&mut c, "k"), "free");
+}
+
+#[test]
+fn leases_expire_in_deadline_order() {
+    let server = notifying_server();
+    let mut c = server.conn();
+    let mut sub = server.conn();
+    sub.call(&["PSUBSCRIBE", "__keyspace@0__:*"]);
+    for (key, ttl) in [("k1", 400), ("k2", 100), ("k3", 250)] {
+        acquire(&mut c, key, "t", ttl);
+    }
+    let mut expired = Vec::new();
+    while expired.len() < 3 {
+        let message = sub.read();
+        if message.items()[3] == Reply::bulk("lock.expired") {
+            expired.push(message.items()[2].text());
+        }
+    }
+    assert_eq!(expired, ["__keyspace@0__:k2", "__keyspace@0__:k3", "__keyspace@0__:k1"]);
+}
+
+#[test]
+fn renewed_lease_outlives_its_first_deadline() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "renewed", "a", 200);
+    assert_eq!(c.call(&["LOCK.RENEW", "renewed", "a", "60000"]), Reply::Int(1));
+    acquire(&mut c, "marker", "a", 400);
+    wait_until_expired(&server, 1);
+    assert_eq!(state_of(&mut c, "marker"), "free");
+    assert_eq!(state_of(&mut c, "renewed"), "held");
+    assert_eq!(server.info_int("lock_held"), 1);
+}
+
+#[test]
+fn leases_expire_in_other_databases() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(c.call(&["SELECT", "5"]), Reply::status("OK"));
+    acquire(&mut c, "k", "a", 100);
+    wait_until_expired(&server, 1);
+    assert_eq!(state_of(&mut c, "k"), "free");
+    assert_eq!(server.info_int("lock_held"), 0);
+}
+
+#[test]
+fn renamed_and_moved_locks_still_expire() {
+    let server = notifying_server();
+    let mut c = server.conn();
+    acquire(&mut c, "a", "t", 60_000);
+    acquire(&mut c, "b", "t", 60_000);
+    // Shorten both leases, then move them away from their original names.
+    assert_eq!(c.call(&["LOCK.RENEW", "a", "t", "200"]), Reply::Int(1));
+    assert_eq!(c.call(&["LOCK.RENEW", "b", "t", "200"]), Reply::Int(1));
+    assert_eq!(c.call(&["RENAME", "a", "a2"]), Reply::status("OK"));
+    assert_eq!(c.call(&["MOVE", "b", "3"]), Reply::Int(1));
+    wait_until_expired(&server, 2);
+    assert_eq!(server.info_int("lock_held"), 0);
+    assert_eq!(state_of(&mut c, "a2"), "free");
+    c.call(&["SELECT", "3"]);
+    assert_eq!(state_of(&mut c, "b"), "free");
+}
+
+#[test]
+fn copied_and_restored_locks_expire_too() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "k", "t", 60_000);
+    assert_eq!(c.call(&["COPY", "k", "copy"]), Reply::Int(1));
+    let dump = c.call(&["DUMP", "k"]);
+    let Reply::Bulk(payload) = dump else { panic!("DUMP: {dump:?}") };
+    let reply = c.call(&[&b"RESTORE"[..], b"restored", b"0", &payload]);
+    assert_eq!(reply, Reply::status("OK"));
+    assert_eq!(c.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1));
+    assert_eq!(server.info_int("lock_held"), 2);
+    assert_eq!(c.call(&["LOCK.RENEW", "copy", "t", "100"]), Reply::Int(1));
+    assert_eq!(c.call(&["LOCK.RENEW", "restored", "t", "100"]), Reply::Int(1));
+    wait_until_expired(&server, 2);
+    assert_eq!(server.info_int("lock_held"), 0);
+}
+
+#[test]
+fn leases_expire_after_debug_reload_and_swapdb() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "k", "t", 400);
+    assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
+    c.call(&["SELECT", "1"]);
+    acquire(&mut c, "s", "t", 400);
+    assert_eq!(c.call(&["SWAPDB", "0", "1"]), Reply::status("OK"));
+    wait_until_expired(&server, 2);
+    assert_eq!(server.info_int("lock_held"), 0);
+    assert_eq!(state_of(&mut c, "k"), "free");
+}
+
+#[test]
+fn flushall_of_held_locks_keeps_gauges_true_and_server_healthy() {
+    let server = Server::start();
+    let mut c = server.conn();
+    for i in 0..20 {
+        acquire(&mut c, &format!("k{i}"), "t", 200);
+    }
+    assert_eq!(server.info_int("lock_held"), 20);
+    assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
+    assert_eq!(server.info_int("lock_held"), 0);
+    assert_eq!(server.info_int("lock_keys"), 0);
+    acquire(&mut c, "after", "t", 100);
+    wait_until_expired(&server, 1);
+    assert_eq!(server.info_int("lock_expired"), 1);
+    assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
+}
+
+#[test]
+fn many_leases_expiring_together_are_all_freed() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let count = 5_000;
+    for i in 0..count {
+        c.send(&["LOCK.ACQUIRE", &format!("k{i}"), "t", "300"]);
+    }
+    for _ in 0..count {
+        assert!(matches!(c.read(), Reply::Int(_)));
+    }
+    wait_until_expired(&server, count);
+    assert_eq!(server.info_int("lock_held"), 0);
+    assert_eq!(server.info_int("lock_keys"), count);
+}
