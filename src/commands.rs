@@ -8,8 +8,9 @@ use crate::config;
 use crate::core::{Acquire, Lock};
 use crate::datatype::{fence_floor, Stored, LOCK_TYPE};
 use crate::error::LockError;
-use crate::metrics;
 use crate::replication::{self, Event};
+use crate::waiting::{self, KeyRef, Kind, Request, Tag, Wake, Waiter};
+use crate::{ffi, metrics, sessions};
 
 pub type CommandResult = Result<RedisValue, LockError>;
 
@@ -107,25 +108,77 @@ fn deadline(lock: &Lock) -> Option<u64> {
     lock.holder.as_ref().map(|h| h.deadline)
 }
 
+/// The key as the waiting and session tables name it.
+pub fn key_ref(ctx: &Context, key: &RedisString) -> KeyRef {
+    (replication::selected_db(ctx), key.as_slice().into())
+}
+
+/// True when this command may block its client (not in MULTI, Lua, AOF loading or replication).
+fn may_block(ctx: &Context) -> bool {
+    !ctx.get_flags().intersects(
+        ContextFlags::DENY_BLOCKING
+            | ContextFlags::MULTI
+            | ContextFlags::LUA
+            | ContextFlags::LOADING
+            | ContextFlags::REPLICATED,
+    )
+}
+
 /// Applies `change` to the stored lock and, when it reports an event, announces and replicates
-/// it.
+/// it. When the change freed the lock, the session is forgotten and the lock handed over to the
+/// next waiter.
 fn change(
     ctx: &Context,
     key: &RedisString,
     stored: &mut Stored,
+    now: u64,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
     let before = deadline(stored.lock());
     let event = stored.update(change)?;
     replication::propagate(ctx, key, event, stored.lock(), before);
+    if matches!(event, Event::Release | Event::Expired | Event::ForceRelease) {
+        sessions::forget(&key_ref(ctx, key));
+        hand_over(ctx, key, stored, now);
+    }
     Some(event)
+}
+
+/// Grants a free lock to the head of its queue (answering that client at once) and wakes the
+/// `LOCK.WAIT` watchers whose wait is over.
+fn hand_over(ctx: &Context, key_name: &RedisString, stored: &mut Stored, now: u64) {
+    let key = key_ref(ctx, key_name);
+    while !stored.lock().is_held(now) {
+        let Some(head) = waiting::pop_head(&key) else { break };
+        let Kind::Acquire(request) = &head.kind else { continue };
+        let mut outcome = Ok(Acquire::Busy);
+        change(ctx, key_name, stored, now, |lock| {
+            outcome = lock.acquire(&request.token, request.ttl, request.reentrant, request.session, fence_floor(), now);
+            matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
+        });
+        match outcome {
+            Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
+                if request.session {
+                    sessions::claim(key.clone(), request.client, &request.token);
+                }
+                metrics::ACQUIRED.incr();
+                waiting::deliver(&head, Wake::Granted(fence));
+            }
+            Ok(Acquire::Busy) => break,
+            Err(_) => waiting::deliver(&head, Wake::FenceExhausted),
+        }
+    }
+    let current = stored.lock().live_holder(now).map(|_| stored.lock().fence);
+    for watcher in waiting::take_watchers(&key, current) {
+        waiting::deliver(&watcher, Wake::Freed);
+    }
 }
 
 /// Removes a holder whose lease already ran out, as the expiry timer would have.
 fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
     if stored.lock().is_overdue(now) {
-        change(ctx, key, stored, |lock| lock.expire(now).then_some(Event::Expired));
         metrics::EXPIRED.incr();
+        change(ctx, key, stored, now, |lock| lock.expire(now).then_some(Event::Expired));
     }
 }
 
@@ -184,24 +237,23 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = token_arg(ctx, token)?;
     let ttl = ttl_arg(ctx, ttl)?;
     let options = acquire_options(options)?;
-    if options.wait.is_some() {
-        return Err(LockError::Unsupported("WAIT"));
-    }
-    if options.session {
-        return Err(LockError::Unsupported("SESSION"));
-    }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let grant = |lock: &mut Lock| lock.acquire(token, ttl, options.reentrant, false, fence_floor(), now);
+    let place = key_ref(ctx, key_name);
+    let grant = |lock: &mut Lock| lock.acquire(token, ttl, options.reentrant, options.session, fence_floor(), now);
     let outcome = match stored_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
+            let holds_it = stored.lock().live_holder(now).is_some_and(|h| *h.token == *token);
             let mut outcome = Ok(Acquire::Busy);
-            change(ctx, key_name, stored, |lock| {
-                outcome = grant(lock);
-                matches!(outcome, Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }))
-                    .then_some(Event::Acquire)
-            });
+            // Queued waiters are not overtaken: only their holder may re-acquire.
+            if holds_it || !waiting::has_acquirers(&place) {
+                change(ctx, key_name, stored, now, |lock| {
+                    outcome = grant(lock);
+                    matches!(outcome, Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }))
+                        .then_some(Event::Acquire)
+                });
+            }
             outcome
         }
         None => {
@@ -217,14 +269,49 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     };
     match outcome.map_err(|_| LockError::FenceExhausted)? {
         Acquire::Granted { fence } | Acquire::Refreshed { fence } => {
+            if options.session {
+                sessions::claim(place, client_id(ctx), token);
+            }
             metrics::ACQUIRED.incr();
             Ok(RedisValue::Integer(fence_reply(fence)))
         }
-        Acquire::Busy => {
-            metrics::ACQUIRE_CONTENDED.incr();
-            Ok(RedisValue::Null)
-        }
+        Acquire::Busy => match options.wait {
+            Some(timeout) if may_block(ctx) => {
+                let max = config::MAX_WAITERS.get();
+                if i64::try_from(waiting::acquirers_on(&place)).map_or(true, |n| n >= max) {
+                    metrics::ACQUIRE_CONTENDED.incr();
+                    return Err(LockError::TooManyWaiters { max });
+                }
+                let request = Request {
+                    token: token.into(),
+                    ttl,
+                    reentrant: options.reentrant,
+                    session: options.session,
+                    client: client_id(ctx),
+                };
+                block(ctx, key_name, place, timeout, Kind::Acquire(request))
+            }
+            _ => {
+                metrics::ACQUIRE_CONTENDED.incr();
+                Ok(RedisValue::Null)
+            }
+        },
     }
+}
+
+fn client_id(ctx: &Context) -> u64 {
+    // SAFETY: valid context.
+    unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// Blocks the calling client on `key` until the module wakes it or `timeout` ms pass (0: no
+/// limit).
+fn block(ctx: &Context, key_name: &RedisString, place: KeyRef, timeout: u64, kind: Kind) -> CommandResult {
+    let id = waiting::next_id();
+    let tag = Tag { id, key: place.clone(), watch: matches!(kind, Kind::Watch { .. }) };
+    let handle = ffi::block_on_key(ctx, key_name, timeout, tag).ok_or(LockError::Internal)?;
+    waiting::enqueue(place, Waiter { id, handle, since: std::time::Instant::now(), kind });
+    Ok(RedisValue::NoReply)
 }
 
 fn fence_reply(fence: u64) -> i64 {
@@ -244,7 +331,7 @@ pub fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
             let mut released = None;
-            change(ctx, key_name, stored, |lock| {
+            change(ctx, key_name, stored, now, |lock| {
                 released = lock.release(token, now);
                 released.map(|free| if free { Event::Release } else { Event::Sync })
             });
@@ -274,7 +361,7 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let renewed = match stored_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change(ctx, key_name, stored, |lock| lock.renew(token, ttl, now).then_some(Event::Renew))
+            change(ctx, key_name, stored, now, |lock| lock.renew(token, ttl, now).then_some(Event::Renew))
                 .is_some()
         }
         None => false,
@@ -297,7 +384,7 @@ pub fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let freed = match stored_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change(ctx, key_name, stored, |lock| {
+            change(ctx, key_name, stored, now, |lock| {
                 lock.force_release(now).then_some(Event::ForceRelease)
             })
             .is_some()
@@ -341,12 +428,13 @@ pub fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let lock = stored.lock();
     let live = lock.live_holder(now);
     let ttl = lock.ttl(now).map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
+    let waiters = i64::try_from(waiting::waiting_on(&key_ref(ctx, key_name))).unwrap_or(i64::MAX);
     let fields: [(&str, RedisValue); 6] = [
         ("state", RedisValue::SimpleStringStatic(if live.is_some() { "held" } else { "free" })),
         ("fence", RedisValue::Integer(fence_reply(lock.fence))),
         ("ttl", RedisValue::Integer(ttl)),
         ("holds", RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds)))),
-        ("waiters", RedisValue::Integer(0)),
+        ("waiters", RedisValue::Integer(waiters)),
         ("session", RedisValue::Integer(live.map_or(0, |h| i64::from(h.session)))),
     ];
     // The map header is followed by exactly 2 * len replies.
@@ -389,6 +477,7 @@ pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         count_applied(effect.event);
     }
     replication::announce(ctx, key_name, effect.event, &effect.lock, before);
+    wake_watchers(ctx, key_name, &effect.lock, now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
@@ -418,4 +507,97 @@ pub fn expire_key(ctx: &Context, key_name: &RedisString, now: u64) {
 pub fn lease_deadline(ctx: &Context, key_name: &RedisString) -> Option<u64> {
     let key = ctx.open_key(key_name);
     stored(&key).ok().flatten().and_then(|s| deadline(s.lock()))
+}
+
+/// `LOCK.WAIT key timeout-ms`: waits, without taking the lock, until the current grant ends.
+pub fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, timeout] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let timeout = integer(timeout)
+        .ok_or(LockError::BadInteger { name: "timeout-ms", detail: "not an integer" })
+        .and_then(|t| {
+            u64::try_from(t).map_err(|_| LockError::BadInteger {
+                name: "timeout-ms",
+                detail: "must not be negative",
+            })
+        })?;
+    let now = now_ms();
+    let key = ctx.open_key(key_name);
+    let held = stored(&key)?.and_then(|s| s.lock().live_holder(now).map(|_| s.lock().fence));
+    match held {
+        None => Ok(RedisValue::Integer(1)),
+        Some(fence) if may_block(ctx) => {
+            block(ctx, key_name, key_ref(ctx, key_name), timeout, Kind::Watch { fence })
+        }
+        Some(_) => Ok(RedisValue::Integer(0)),
+    }
+}
+
+/// The timeout callback of a waiting client: either the module is delivering a wake (see
+/// `waiting::deliver`), or the wait timed out or was cancelled by `CLIENT UNBLOCK`.
+pub fn on_wait_ended(tag: &Tag) -> CommandResult {
+    if let Some(wake) = waiting::delivering(tag.id) {
+        return match wake {
+            Wake::Granted(fence) => Ok(RedisValue::Integer(fence_reply(fence))),
+            Wake::Freed => Ok(RedisValue::Integer(1)),
+            Wake::FenceExhausted => Err(LockError::FenceExhausted),
+        };
+    }
+    waiting::remove(tag);
+    if tag.watch {
+        Ok(RedisValue::Integer(0))
+    } else {
+        metrics::ACQUIRE_TIMEOUTS.incr();
+        Ok(RedisValue::Null)
+    }
+}
+
+/// Settles a key whose waiters may be able to proceed: it was deleted, flushed, swapped or
+/// recreated. A missing key with queued acquirers gets a fresh lock for the head one.
+pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
+    let place = key_ref(ctx, key_name);
+    let key = ctx.open_key_writable(key_name);
+    match stored_mut(&key) {
+        Ok(Some(stored)) => {
+            expire_overdue(ctx, key_name, stored, now);
+            hand_over(ctx, key_name, stored, now);
+        }
+        Ok(None) if waiting::has_acquirers(&place) => {
+            if key.set_value(&LOCK_TYPE, Stored::new(Lock::default())).is_ok() {
+                if let Ok(Some(stored)) = stored_mut(&key) {
+                    hand_over(ctx, key_name, stored, now);
+                }
+            }
+        }
+        Ok(None) => {
+            for watcher in waiting::take_watchers(&place, None) {
+                waiting::deliver(&watcher, Wake::Freed);
+            }
+        }
+        // Another type took the name: waiters keep waiting for it to become a lock again.
+        Err(_) => {}
+    }
+}
+
+/// Releases, as if by their holder, the session locks of a connection that closed.
+pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64) {
+    let key = ctx.open_key_writable(key_name);
+    if let Ok(Some(stored)) = stored_mut(&key) {
+        expire_overdue(ctx, key_name, stored, now);
+        let ended = change(ctx, key_name, stored, now, |lock| {
+            lock.end_session(token, now).then_some(Event::Release)
+        });
+        if ended.is_some() {
+            metrics::SESSION_RELEASED.incr();
+        }
+    }
+}
+
+/// Wakes `LOCK.WAIT` watchers after a replicated change (replicas have watchers too).
+fn wake_watchers(ctx: &Context, key_name: &RedisString, lock: &Lock, now: u64) {
+    let current = lock.live_holder(now).map(|_| lock.fence);
+    for watcher in waiting::take_watchers(&key_ref(ctx, key_name), current) {
+        waiting::deliver(&watcher, Wake::Freed);
+    }
 }

@@ -157,6 +157,15 @@ impl Lock {
         }
     }
 
+    /// Frees a session lock held by `token` entirely (its connection closed). True when it did.
+    pub fn end_session(&mut self, token: &[u8], now: u64) -> bool {
+        if self.live_holder_mut(token, now).is_some_and(|h| h.session) {
+            self.holder = None;
+            return true;
+        }
+        false
+    }
+
     /// Frees the lock whoever holds it. True when it was held at `now`.
     pub fn force_release(&mut self, now: u64) -> bool {
         let was_held = self.is_held(now);
@@ -340,6 +349,19 @@ mod tests {
     #[test]
     fn deadline_saturates_instead_of_wrapping() {
         assert_eq!(deadline_after(u64::MAX - 1, 10), u64::MAX);
+    }
+
+    #[test]
+    fn session_end_frees_all_holds_of_a_session_lock_only() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.acquire(b"a", 1000, true, true, 0, T0));
+        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
+        assert!(!lock.end_session(b"b", T0));
+        assert!(lock.end_session(b"a", T0));
+        assert_eq!(lock.holder, None);
+        granted(lock.acquire(b"c", 1000, false, false, fence, T0));
+        assert!(!lock.end_session(b"c", T0));
+        assert!(lock.is_held(T0));
     }
 
     #[test]

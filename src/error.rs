@@ -18,9 +18,9 @@ pub enum LockError {
     TokenTooLong { max: i64 },
     UnknownOption(String),
     RepeatedOption(&'static str),
-    /// An option this server does not support yet.
-    Unsupported(&'static str),
     FenceExhausted,
+    /// The queue of waiters on this lock is full.
+    TooManyWaiters { max: i64 },
     /// LOCK.APPLY sent by a client instead of the replication link or AOF.
     InternalCommand,
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -46,10 +46,10 @@ impl LockError {
             }
             LockError::UnknownOption(opt) => format!("ERR unknown option '{opt}'"),
             LockError::RepeatedOption(opt) => format!("ERR option {opt} given more than once"),
-            LockError::Unsupported(opt) => {
-                format!("ERR option {opt} is not supported by this version of the lock module")
-            }
             LockError::FenceExhausted => "ERR fence space exhausted for this key".into(),
+            LockError::TooManyWaiters { max } => {
+                format!("ERR too many waiters on this lock (lock.max-waiters is {max})")
+            }
             LockError::InternalCommand => {
                 "ERR LOCK.APPLY is internal: only the replication link and AOF loading may send it"
                     .into()

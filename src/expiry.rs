@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::{raw, Context, ContextFlags};
 
-use crate::commands;
+use crate::{commands, replication};
 
 /// How long one timer run may spend expiring locks before yielding to the event loop.
 const SLICE: Duration = Duration::from_millis(2);
@@ -91,7 +91,7 @@ pub fn on_timer(ctx: &Context) {
         }
         return;
     }
-    let original_db = crate::replication::selected_db(ctx);
+    let original_db = replication::selected_db(ctx);
     let started = Instant::now();
     let mut more_due = false;
     loop {
@@ -109,7 +109,7 @@ pub fn on_timer(ctx: &Context) {
             break;
         }
     }
-    select_db(ctx, original_db);
+    replication::select_db(ctx, original_db);
     let mut idx = index();
     let next = if more_due { Some(now) } else { idx.entries.first().map(|(d, _, _)| *d) };
     if let Some(next) = next {
@@ -117,13 +117,8 @@ pub fn on_timer(ctx: &Context) {
     }
 }
 
-fn select_db(ctx: &Context, db: i32) -> bool {
-    // SAFETY: valid context; Redis refuses ids out of range.
-    unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as i32) }
-}
-
 fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
-    if !select_db(ctx, db) {
+    if !replication::select_db(ctx, db) {
         return;
     }
     let name = ctx.create_string(key);
@@ -133,7 +128,7 @@ fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
 /// Indexes the lock under `key` in the selected db, if it is held (keyspace events for keys
 /// that arrive without a grant: RENAME, MOVE, COPY, RESTORE).
 pub fn index_key(ctx: &Context, key: &[u8]) {
-    let db = crate::replication::selected_db(ctx);
+    let db = replication::selected_db(ctx);
     let name = ctx.create_string(key);
     if let Some(deadline) = commands::lease_deadline(ctx, &name) {
         let mut idx = index();
@@ -153,14 +148,14 @@ pub fn forget_db(db: Option<i32>) {
 
 /// Rebuilds the index from the keyspace (after loading, SWAPDB).
 pub fn rebuild(ctx: &Context) {
-    let original_db = crate::replication::selected_db(ctx);
+    let original_db = replication::selected_db(ctx);
     let mut found: Vec<Entry> = Vec::new();
     let mut db = 0;
-    while select_db(ctx, db) {
+    while replication::select_db(ctx, db) {
         crate::ffi::scan_locks(ctx, |key, deadline| found.push((deadline, db, key.into())));
         db += 1;
     }
-    select_db(ctx, original_db);
+    replication::select_db(ctx, original_db);
     let mut idx = index();
     idx.entries = found.into_iter().collect();
     if let Some(first) = idx.entries.first().map(|(d, _, _)| *d) {

@@ -15,7 +15,8 @@ use crate::commands::{self, CommandResult};
 use crate::config::NumericConfig;
 use crate::datatype::{self, DecodeError, RdbReader, RdbWriter, Stored, LOCK_TYPE};
 use crate::error::LockError;
-use crate::{expiry, metrics};
+use crate::waiting::{self, Handle, Tag};
+use crate::{deferred, expiry, metrics, sessions};
 
 const OK: c_int = raw::REDISMODULE_OK as c_int;
 const ERR: c_int = raw::REDISMODULE_ERR as c_int;
@@ -296,6 +297,103 @@ command_entry!(cmd_fence, commands::fence);
 command_entry!(cmd_info, commands::info);
 command_entry!(cmd_force_release, commands::force_release);
 command_entry!(cmd_apply, commands::apply);
+command_entry!(cmd_wait, commands::wait);
+
+// ---------------------------------------------------------------------------------------------
+// Blocked clients
+
+/// Blocks the client of `ctx` on `key` for at most `timeout_ms` (0: no limit).
+pub fn block_on_key(ctx: &Context, key: &RedisString, timeout_ms: u64, tag: Tag) -> Option<Handle> {
+    let timeout = c_longlong::try_from(timeout_ms).unwrap_or(c_longlong::MAX);
+    let privdata = Box::into_raw(Box::new(tag));
+    let mut keys = [key.inner];
+    // SAFETY: valid context and key; privdata is freed by `wait_free` (or below on failure).
+    unsafe {
+        let (Some(block), Some(on_disconnect)) =
+            (raw::RedisModule_BlockClientOnKeys, raw::RedisModule_SetDisconnectCallback)
+        else {
+            drop(Box::from_raw(privdata));
+            return None;
+        };
+        let handle = block(
+            ctx.ctx,
+            Some(wait_ready),
+            Some(wait_ended),
+            Some(wait_free),
+            timeout,
+            keys.as_mut_ptr(),
+            1,
+            privdata.cast(),
+        );
+        if handle.is_null() {
+            drop(Box::from_raw(privdata));
+            return None;
+        }
+        on_disconnect(handle, Some(wait_disconnected));
+        Some(Handle(handle))
+    }
+}
+
+unsafe fn tag_of<'a>(ctx: *mut raw::RedisModuleCtx) -> Option<&'a Tag> {
+    let privdata = raw::RedisModule_GetBlockedClientPrivateData?(ctx);
+    privdata.cast::<Tag>().as_ref()
+}
+
+/// Redis signalled the key as ready (it was created or overwritten). The module hands locks
+/// over itself, so this only asks for the key to be settled on the next turn.
+unsafe extern "C" fn wait_ready(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    guarded(ERR, || {
+        if let Some(tag) = tag_of(ctx) {
+            deferred::defer(&Context::new(ctx), deferred::Job::SettleKey(tag.key.clone()));
+        }
+        ERR
+    })
+}
+
+/// Timeout, CLIENT UNBLOCK, or the module delivering a grant (see `waiting::deliver`).
+unsafe extern "C" fn wait_ended(
+    ctx: *mut raw::RedisModuleCtx,
+    _argv: *mut *mut raw::RedisModuleString,
+    _argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let reply = guarded(Err(LockError::Internal), || match tag_of(ctx) {
+        Some(tag) => commands::on_wait_ended(tag),
+        None => Err(LockError::Internal),
+    });
+    guarded((), || {
+        context.reply(reply.map_err(Into::into));
+    });
+    OK
+}
+
+unsafe extern "C" fn wait_free(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_void) {
+    guarded((), || {
+        if !privdata.is_null() {
+            let tag = Box::from_raw(privdata.cast::<Tag>());
+            waiting::remove(&tag);
+        }
+    });
+}
+
+unsafe extern "C" fn wait_disconnected(
+    _ctx: *mut raw::RedisModuleCtx,
+    handle: *mut raw::RedisModuleBlockedClient,
+) {
+    guarded((), || {
+        waiting::remove_handle(Handle(handle));
+    });
+}
+
+/// # Safety
+/// Called by Redis with a valid context.
+pub unsafe extern "C" fn deferred_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    guarded((), || deferred::run(&Context::new(ctx)));
+}
 
 // ---------------------------------------------------------------------------------------------
 // Configs
@@ -604,18 +702,39 @@ struct FlushInfo {
     dbnum: i32,
 }
 
+/// The head of RedisModuleClientInfoV1: enough to read the client id.
+#[repr(C)]
+struct ClientInfoHead {
+    version: u64,
+    flags: u64,
+    id: u64,
+}
+
+/// Asks for the waiters of every key in `db` (all dbs for `None`) to be settled.
+fn settle_waiters_in(ctx: &Context, db: Option<i32>) {
+    for key in waiting::keys_in(db) {
+        deferred::defer(ctx, deferred::Job::SettleKey(key));
+    }
+}
+
 pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
     // SAFETY: valid context; callbacks are plain functions.
     unsafe {
         let subscribe = raw::RedisModule_SubscribeToServerEvent.ok_or("no server events")?;
-        for id in [raw::REDISMODULE_EVENT_LOADING, raw::REDISMODULE_EVENT_FLUSHDB, raw::REDISMODULE_EVENT_SWAPDB] {
+        for id in [
+            raw::REDISMODULE_EVENT_LOADING,
+            raw::REDISMODULE_EVENT_FLUSHDB,
+            raw::REDISMODULE_EVENT_SWAPDB,
+            raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+        ] {
             let event = raw::RedisModuleEvent { id, dataver: 1 };
             if subscribe(ctx.ctx, event, Some(server_event)) == ERR {
                 return Err(format!("cannot subscribe to server event {id}"));
             }
         }
         let keyspace = raw::RedisModule_SubscribeToKeyspaceEvents.ok_or("no keyspace events")?;
-        if keyspace(ctx.ctx, raw::REDISMODULE_NOTIFY_GENERIC as c_int, Some(keyspace_event)) == ERR {
+        let classes = raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
+        if keyspace(ctx.ctx, classes as c_int, Some(keyspace_event)) == ERR {
             return Err("cannot subscribe to keyspace events".into());
         }
     }
@@ -636,9 +755,22 @@ unsafe extern "C" fn server_event(
             }
             raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
                 let dbnum = if data.is_null() { -1 } else { (*data.cast::<FlushInfo>()).dbnum };
-                expiry::forget_db((dbnum >= 0).then_some(dbnum));
+                let db = (dbnum >= 0).then_some(dbnum);
+                expiry::forget_db(db);
+                settle_waiters_in(&context, db);
             }
-            raw::REDISMODULE_EVENT_SWAPDB => expiry::rebuild(&context),
+            raw::REDISMODULE_EVENT_SWAPDB => {
+                expiry::rebuild(&context);
+                settle_waiters_in(&context, None);
+            }
+            raw::REDISMODULE_EVENT_CLIENT_CHANGE
+                if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED && !data.is_null() =>
+            {
+                let client = (*data.cast::<ClientInfoHead>()).id;
+                if sessions::owns_any(client) {
+                    deferred::defer(&context, deferred::Job::SessionLost(client));
+                }
+            }
             _ => {}
         }
     });
@@ -655,8 +787,16 @@ unsafe extern "C" fn keyspace_event(
             return OK;
         }
         let event = CStr::from_ptr(event).to_bytes();
+        let context = Context::new(ctx);
+        let name = RedisString::string_as_slice(key);
         if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
-            expiry::index_key(&Context::new(ctx), RedisString::string_as_slice(key));
+            expiry::index_key(&context, name);
+        }
+        if matches!(event, b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from") {
+            let place = (crate::replication::selected_db(&context), name.into());
+            if waiting::waiting_on(&place) > 0 {
+                deferred::defer(&context, deferred::Job::SettleKey(place));
+            }
         }
         OK
     })

@@ -9,11 +9,14 @@ pub mod commands;
 pub mod config;
 pub mod core;
 pub mod datatype;
+pub mod deferred;
 pub mod error;
 pub mod expiry;
 pub mod ffi;
 pub mod metrics;
 pub mod replication;
+pub mod sessions;
+pub mod waiting;
 
 use std::ffi::CStr;
 
@@ -37,7 +40,7 @@ pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: c"lock.acquire",
         callback: ffi::cmd_acquire,
-        flags: c"write deny-oom",
+        flags: c"write deny-oom blocking",
         arity: -4,
         key: KeyAccess::ReadWrite,
         summary: c"Takes the lock for a token and returns its fence, or nil when another token holds it.",
@@ -83,6 +86,17 @@ pub static COMMANDS: &[CommandDef] = &[
         summary: c"Tells whether a fence belongs to the current, unexpired holder of the lock.",
         complexity: c"O(1)",
         args: &[KEY, ArgDef::new(c"fence", ArgKind::Integer)],
+        acl: c"",
+    },
+    CommandDef {
+        name: c"lock.wait",
+        callback: ffi::cmd_wait,
+        flags: c"readonly blocking",
+        arity: 3,
+        key: KeyAccess::Read,
+        summary: c"Waits, without taking the lock, until the current grant ends; 1 when it did, 0 on timeout.",
+        complexity: c"O(1)",
+        args: &[KEY, ArgDef::new(c"timeout-ms", ArgKind::Integer)],
         acl: c"",
     },
     CommandDef {

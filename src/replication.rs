@@ -140,6 +140,12 @@ pub fn selected_db(ctx: &Context) -> i32 {
     unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
 }
 
+/// Selects database `db` on the context; false when it does not exist.
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: valid context; Redis refuses ids out of range.
+    unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as i32) }
+}
+
 /// Tells the rest of the server about a change that already happened to `lock` under `key`:
 /// WATCH invalidation, the keyspace notification and the expiry index. `old_deadline` is the
 /// lease deadline before the change, if there was one.
