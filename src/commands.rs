@@ -9,7 +9,7 @@ use crate::core::{Acquire, Lock};
 use crate::datatype::{fence_floor, Stored, LOCK_TYPE};
 use crate::error::LockError;
 use crate::replication::{self, Event};
-use crate::waiting::{self, KeyRef, Kind, Request, Tag, Wake, Waiter};
+use crate::waiting::{self, KeyRef, Kind, Request, Tag, Waiter, Wake};
 use crate::{ffi, metrics, sessions};
 
 pub type CommandResult = Result<RedisValue, LockError>;
@@ -24,7 +24,8 @@ pub fn now_ms() -> u64 {
 /// True when the command comes from the primary or the AOF: limits meant for clients do not
 /// apply to it.
 fn replayed(ctx: &Context) -> bool {
-    ctx.get_flags().intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+    ctx.get_flags()
+        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
 }
 
 /// Hides the argument at `pos` (a token) from SLOWLOG, MONITOR and the command log.
@@ -41,25 +42,40 @@ fn redact(ctx: &Context, pos: i32) {
 fn integer(arg: &RedisString) -> Option<i64> {
     let mut value: i64 = 0;
     // SAFETY: valid string and out-pointer.
-    let status = unsafe {
-        raw::RedisModule_StringToLongLong.map(|f| f(arg.inner, &mut value))
-    }?;
+    let status = unsafe { raw::RedisModule_StringToLongLong.map(|f| f(arg.inner, &mut value)) }?;
     (status == raw::REDISMODULE_OK as i32).then_some(value)
 }
 
 /// A duration in ms: a positive integer no larger than `max` (when a limit applies).
-fn duration(arg: &RedisString, name: &'static str, limit: Option<&'static config::NumericConfig>) -> Result<u64, LockError> {
-    let value = integer(arg).ok_or(LockError::BadInteger { name, detail: "not an integer" })?;
+fn duration(
+    arg: &RedisString,
+    name: &'static str,
+    limit: Option<&'static config::NumericConfig>,
+) -> Result<u64, LockError> {
+    let value = integer(arg).ok_or(LockError::BadInteger {
+        name,
+        detail: "not an integer",
+    })?;
     if value <= 0 {
-        return Err(LockError::BadInteger { name, detail: "must be positive" });
+        return Err(LockError::BadInteger {
+            name,
+            detail: "must be positive",
+        });
     }
     if let Some(limit) = limit {
         let max = limit.get();
         if value > max {
-            return Err(LockError::TooLarge { name, config: limit_name(limit), max });
+            return Err(LockError::TooLarge {
+                name,
+                config: limit_name(limit),
+                max,
+            });
         }
     }
-    u64::try_from(value).map_err(|_| LockError::BadInteger { name, detail: "must be positive" })
+    u64::try_from(value).map_err(|_| LockError::BadInteger {
+        name,
+        detail: "must be positive",
+    })
 }
 
 fn limit_name(limit: &config::NumericConfig) -> &'static str {
@@ -88,18 +104,22 @@ fn token_arg<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockEr
 }
 
 /// The lock stored in an open key: `None` when the key is empty, WRONGTYPE for other types.
-fn stored_mut<'a>(key: &'a RedisKeyWritable) -> Result<Option<&'a mut Stored>, LockError> {
+fn stored_mut(key: &RedisKeyWritable) -> Result<Option<&mut Stored>, LockError> {
     match key.key_type() {
         KeyType::Empty => Ok(None),
-        KeyType::Module => key.get_value::<Stored>(&LOCK_TYPE).map_err(|_| LockError::WrongType),
+        KeyType::Module => key
+            .get_value::<Stored>(&LOCK_TYPE)
+            .map_err(|_| LockError::WrongType),
         _ => Err(LockError::WrongType),
     }
 }
 
-fn stored<'a>(key: &'a RedisKey) -> Result<Option<&'a Stored>, LockError> {
+fn stored(key: &RedisKey) -> Result<Option<&Stored>, LockError> {
     match key.key_type() {
         KeyType::Empty => Ok(None),
-        KeyType::Module => key.get_value::<Stored>(&LOCK_TYPE).map_err(|_| LockError::WrongType),
+        KeyType::Module => key
+            .get_value::<Stored>(&LOCK_TYPE)
+            .map_err(|_| LockError::WrongType),
         _ => Err(LockError::WrongType),
     }
 }
@@ -149,11 +169,22 @@ fn change(
 fn hand_over(ctx: &Context, key_name: &RedisString, stored: &mut Stored, now: u64) {
     let key = key_ref(ctx, key_name);
     while !stored.lock().is_held(now) {
-        let Some(head) = waiting::pop_head(&key) else { break };
-        let Kind::Acquire(request) = &head.kind else { continue };
+        let Some(head) = waiting::pop_head(&key) else {
+            break;
+        };
+        let Kind::Acquire(request) = &head.kind else {
+            continue;
+        };
         let mut outcome = Ok(Acquire::Busy);
         change(ctx, key_name, stored, now, |lock| {
-            outcome = lock.acquire(&request.token, request.ttl, request.reentrant, request.session, fence_floor(), now);
+            outcome = lock.acquire(
+                &request.token,
+                request.ttl,
+                request.reentrant,
+                request.session,
+                fence_floor(),
+                now,
+            );
             matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
         });
         match outcome {
@@ -178,7 +209,9 @@ fn hand_over(ctx: &Context, key_name: &RedisString, stored: &mut Stored, now: u6
 fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
     if stored.lock().is_overdue(now) {
         metrics::EXPIRED.incr();
-        change(ctx, key, stored, now, |lock| lock.expire(now).then_some(Event::Expired));
+        change(ctx, key, stored, now, |lock| {
+            lock.expire(now).then_some(Event::Expired)
+        });
     }
 }
 
@@ -240,18 +273,33 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let place = key_ref(ctx, key_name);
-    let grant = |lock: &mut Lock| lock.acquire(token, ttl, options.reentrant, options.session, fence_floor(), now);
+    let grant = |lock: &mut Lock| {
+        lock.acquire(
+            token,
+            ttl,
+            options.reentrant,
+            options.session,
+            fence_floor(),
+            now,
+        )
+    };
     let outcome = match stored_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            let holds_it = stored.lock().live_holder(now).is_some_and(|h| *h.token == *token);
+            let holds_it = stored
+                .lock()
+                .live_holder(now)
+                .is_some_and(|h| *h.token == *token);
             let mut outcome = Ok(Acquire::Busy);
             // Queued waiters are not overtaken: only their holder may re-acquire.
             if holds_it || !waiting::has_acquirers(&place) {
                 change(ctx, key_name, stored, now, |lock| {
                     outcome = grant(lock);
-                    matches!(outcome, Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }))
-                        .then_some(Event::Acquire)
+                    matches!(
+                        outcome,
+                        Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
+                    )
+                    .then_some(Event::Acquire)
                 });
             }
             outcome
@@ -306,11 +354,29 @@ fn client_id(ctx: &Context) -> u64 {
 
 /// Blocks the calling client on `key` until the module wakes it or `timeout` ms pass (0: no
 /// limit).
-fn block(ctx: &Context, key_name: &RedisString, place: KeyRef, timeout: u64, kind: Kind) -> CommandResult {
+fn block(
+    ctx: &Context,
+    key_name: &RedisString,
+    place: KeyRef,
+    timeout: u64,
+    kind: Kind,
+) -> CommandResult {
     let id = waiting::next_id();
-    let tag = Tag { id, key: place.clone(), watch: matches!(kind, Kind::Watch { .. }) };
+    let tag = Tag {
+        id,
+        key: place.clone(),
+        watch: matches!(kind, Kind::Watch { .. }),
+    };
     let handle = ffi::block_on_key(ctx, key_name, timeout, tag).ok_or(LockError::Internal)?;
-    waiting::enqueue(place, Waiter { id, handle, since: std::time::Instant::now(), kind });
+    waiting::enqueue(
+        place,
+        Waiter {
+            id,
+            handle,
+            since: std::time::Instant::now(),
+            kind,
+        },
+    );
     Ok(RedisValue::NoReply)
 }
 
@@ -361,8 +427,10 @@ pub fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let renewed = match stored_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change(ctx, key_name, stored, now, |lock| lock.renew(token, ttl, now).then_some(Event::Renew))
-                .is_some()
+            change(ctx, key_name, stored, now, |lock| {
+                lock.renew(token, ttl, now).then_some(Event::Renew)
+            })
+            .is_some()
         }
         None => false,
     };
@@ -405,7 +473,10 @@ pub fn fence(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let fence = integer(fence)
         .and_then(|f| u64::try_from(f).ok())
         .filter(|f| *f > 0)
-        .ok_or(LockError::BadInteger { name: "fence", detail: "must be a positive integer" })?;
+        .ok_or(LockError::BadInteger {
+            name: "fence",
+            detail: "must be a positive integer",
+        })?;
     let key = ctx.open_key(key_name);
     let current = stored(&key)?.is_some_and(|s| s.lock().fence_is_current(fence, now_ms()));
     metrics::FENCE_CHECKS.incr();
@@ -427,15 +498,26 @@ pub fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let lock = stored.lock();
     let live = lock.live_holder(now);
-    let ttl = lock.ttl(now).map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
+    let ttl = lock
+        .ttl(now)
+        .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
     let waiters = i64::try_from(waiting::waiting_on(&key_ref(ctx, key_name))).unwrap_or(i64::MAX);
     let fields: [(&str, RedisValue); 6] = [
-        ("state", RedisValue::SimpleStringStatic(if live.is_some() { "held" } else { "free" })),
+        (
+            "state",
+            RedisValue::SimpleStringStatic(if live.is_some() { "held" } else { "free" }),
+        ),
         ("fence", RedisValue::Integer(fence_reply(lock.fence))),
         ("ttl", RedisValue::Integer(ttl)),
-        ("holds", RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds)))),
+        (
+            "holds",
+            RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds))),
+        ),
         ("waiters", RedisValue::Integer(waiters)),
-        ("session", RedisValue::Integer(live.map_or(0, |h| i64::from(h.session)))),
+        (
+            "session",
+            RedisValue::Integer(live.map_or(0, |h| i64::from(h.session))),
+        ),
     ];
     // The map header is followed by exactly 2 * len replies.
     raw::reply_with_map(ctx.ctx, fields.len() as std::os::raw::c_long);
@@ -515,7 +597,10 @@ pub fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return Err(LockError::WrongArity);
     };
     let timeout = integer(timeout)
-        .ok_or(LockError::BadInteger { name: "timeout-ms", detail: "not an integer" })
+        .ok_or(LockError::BadInteger {
+            name: "timeout-ms",
+            detail: "not an integer",
+        })
         .and_then(|t| {
             u64::try_from(t).map_err(|_| LockError::BadInteger {
                 name: "timeout-ms",
@@ -527,9 +612,13 @@ pub fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let held = stored(&key)?.and_then(|s| s.lock().live_holder(now).map(|_| s.lock().fence));
     match held {
         None => Ok(RedisValue::Integer(1)),
-        Some(fence) if may_block(ctx) => {
-            block(ctx, key_name, key_ref(ctx, key_name), timeout, Kind::Watch { fence })
-        }
+        Some(fence) if may_block(ctx) => block(
+            ctx,
+            key_name,
+            key_ref(ctx, key_name),
+            timeout,
+            Kind::Watch { fence },
+        ),
         Some(_) => Ok(RedisValue::Integer(0)),
     }
 }
@@ -564,7 +653,10 @@ pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
             hand_over(ctx, key_name, stored, now);
         }
         Ok(None) if waiting::has_acquirers(&place) => {
-            if key.set_value(&LOCK_TYPE, Stored::new(Lock::default())).is_ok() {
+            if key
+                .set_value(&LOCK_TYPE, Stored::new(Lock::default()))
+                .is_ok()
+            {
                 if let Ok(Some(stored)) = stored_mut(&key) {
                     hand_over(ctx, key_name, stored, now);
                 }

@@ -15,7 +15,13 @@ pub struct NumericConfig {
 
 impl NumericConfig {
     const fn new(name: &'static str, default: i64, min: i64, max: i64) -> Self {
-        NumericConfig { name, default, min, max, value: AtomicI64::new(default) }
+        NumericConfig {
+            name,
+            default,
+            min,
+            max,
+            value: AtomicI64::new(default),
+        }
     }
 
     pub fn get(&self) -> i64 {
@@ -64,8 +70,14 @@ pub fn value_from_args(config: &NumericConfig, args: &[Vec<u8>]) -> Result<i64, 
 pub fn check_arg_names(args: &[Vec<u8>]) -> Result<(), String> {
     for pair in args.chunks(2) {
         let name = pair[0].strip_prefix(b"lock.").unwrap_or(&pair[0]);
-        if !ALL.iter().any(|c| name.eq_ignore_ascii_case(c.name.as_bytes())) {
-            return Err(format!("unknown module argument '{}'", String::from_utf8_lossy(&pair[0])));
+        if !ALL
+            .iter()
+            .any(|c| name.eq_ignore_ascii_case(c.name.as_bytes()))
+        {
+            return Err(format!(
+                "unknown module argument '{}'",
+                String::from_utf8_lossy(&pair[0])
+            ));
         }
     }
     Ok(())
@@ -81,8 +93,14 @@ mod tests {
 
     #[test]
     fn module_args_set_defaults_with_or_without_prefix() {
-        assert_eq!(value_from_args(&MAX_TTL, &args(&["max-ttl", "5000"])), Ok(5000));
-        assert_eq!(value_from_args(&MAX_TTL, &args(&["lock.max-ttl", "7"])), Ok(7));
+        assert_eq!(
+            value_from_args(&MAX_TTL, &args(&["max-ttl", "5000"])),
+            Ok(5000)
+        );
+        assert_eq!(
+            value_from_args(&MAX_TTL, &args(&["lock.max-ttl", "7"])),
+            Ok(7)
+        );
         assert_eq!(value_from_args(&MAX_TTL, &args(&[])), Ok(86_400_000));
     }
 

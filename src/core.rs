@@ -56,7 +56,9 @@ pub struct FenceExhausted;
 /// them exactly.
 pub fn next_fence(floor: u64, key_fence: u64, now: u64) -> Result<u64, FenceExhausted> {
     let by_counter = floor.max(key_fence).checked_add(1).ok_or(FenceExhausted)?;
-    let by_clock = now.checked_shl(FENCE_CLOCK_SHIFT).filter(|v| v >> FENCE_CLOCK_SHIFT == now);
+    let by_clock = now
+        .checked_shl(FENCE_CLOCK_SHIFT)
+        .filter(|v| v >> FENCE_CLOCK_SHIFT == now);
     let fence = by_counter.max(by_clock.unwrap_or(MAX_FENCE));
     if fence > MAX_FENCE {
         return Err(FenceExhausted);
@@ -85,7 +87,9 @@ impl Lock {
     }
 
     fn live_holder_mut(&mut self, token: &[u8], now: u64) -> Option<&mut Holder> {
-        self.holder.as_mut().filter(|h| h.deadline > now && *h.token == *token)
+        self.holder
+            .as_mut()
+            .filter(|h| h.deadline > now && *h.token == *token)
     }
 
     /// Removes a holder whose lease ran out. Returns true when it did: the caller announces
@@ -226,7 +230,10 @@ mod tests {
 
     #[test]
     fn fence_exceeds_floor_and_key_even_when_clock_is_behind() {
-        assert_eq!(next_fence(u64::from(u32::MAX) << 20, 5, 1), Ok((u64::from(u32::MAX) << 20) + 1));
+        assert_eq!(
+            next_fence(u64::from(u32::MAX) << 20, 5, 1),
+            Ok((u64::from(u32::MAX) << 20) + 1)
+        );
         assert_eq!(next_fence(3, 9, 0), Ok(10));
         assert_eq!(next_fence(MAX_FENCE, 0, T0), Err(FenceExhausted));
         assert_eq!(next_fence(u64::MAX, 0, T0), Err(FenceExhausted));
@@ -237,7 +244,10 @@ mod tests {
     fn busy_lock_refuses_another_token() {
         let mut lock = Lock::default();
         granted(lock.acquire(b"a", 1000, false, false, 0, T0));
-        assert_eq!(lock.acquire(b"b", 1000, false, false, 0, T0 + 1), Ok(Acquire::Busy));
+        assert_eq!(
+            lock.acquire(b"b", 1000, false, false, 0, T0 + 1),
+            Ok(Acquire::Busy)
+        );
         assert_eq!(lock.holder.as_ref().map(|h| &*h.token), Some(&b"a"[..]));
     }
 

@@ -212,7 +212,13 @@ mod tests {
 
     #[test]
     fn held_and_free_locks_round_trip() {
-        for lock in [held(), Lock { fence: 5, holder: None }] {
+        for lock in [
+            held(),
+            Lock {
+                fence: 5,
+                holder: None,
+            },
+        ] {
             let mut fields = Fields::default();
             save(&lock, &mut fields);
             assert_eq!(load(ENCODING_VERSION, &mut fields), Ok(lock));
@@ -233,18 +239,31 @@ mod tests {
         save(&held(), &mut full);
         for cut in 0..full.0.len() {
             let mut part = Fields(full.0.iter().take(cut).cloned().collect());
-            assert_eq!(load(1, &mut part), Err(DecodeError::ShortRead), "cut at {cut}");
+            assert_eq!(
+                load(1, &mut part),
+                Err(DecodeError::ShortRead),
+                "cut at {cut}"
+            );
         }
     }
 
     #[test]
     fn nonsense_fields_are_invalid() {
         let mut bad_flag = Fields(vec![Ok(1), Ok(7)].into());
-        assert_eq!(load(1, &mut bad_flag), Err(DecodeError::Invalid("bad holder flag")));
+        assert_eq!(
+            load(1, &mut bad_flag),
+            Err(DecodeError::Invalid("bad holder flag"))
+        );
         let mut zero_holds =
             Fields(vec![Ok(1), Ok(1), Err(b"t".to_vec()), Ok(1), Ok(0), Ok(0)].into());
-        assert_eq!(load(1, &mut zero_holds), Err(DecodeError::Invalid("hold count out of range")));
+        assert_eq!(
+            load(1, &mut zero_holds),
+            Err(DecodeError::Invalid("hold count out of range"))
+        );
         let mut huge_fence = Fields(vec![Ok(u64::MAX), Ok(0)].into());
-        assert_eq!(load(1, &mut huge_fence), Err(DecodeError::Invalid("fence out of range")));
+        assert_eq!(
+            load(1, &mut huge_fence),
+            Err(DecodeError::Invalid("fence out of range"))
+        );
     }
 }

@@ -21,10 +21,15 @@ struct Pending {
     armed: bool,
 }
 
-static PENDING: Mutex<Pending> = Mutex::new(Pending { jobs: Vec::new(), armed: false });
+static PENDING: Mutex<Pending> = Mutex::new(Pending {
+    jobs: Vec::new(),
+    armed: false,
+});
 
 fn pending() -> MutexGuard<'static, Pending> {
-    PENDING.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub fn defer(ctx: &Context, job: Job) {
@@ -35,8 +40,14 @@ pub fn defer(ctx: &Context, job: Job) {
     if !p.armed {
         // SAFETY: valid context; the callback takes no data.
         let created = unsafe {
-            raw::RedisModule_CreateTimer
-                .map(|create| create(ctx.ctx, 0, Some(crate::ffi::deferred_timer), std::ptr::null_mut()))
+            raw::RedisModule_CreateTimer.map(|create| {
+                create(
+                    ctx.ctx,
+                    0,
+                    Some(crate::ffi::deferred_timer),
+                    std::ptr::null_mut(),
+                )
+            })
         };
         p.armed = created.is_some();
     }

@@ -11,16 +11,27 @@ pub enum LockError {
     WrongArity,
     WrongType,
     /// A numeric argument that is not an integer in range. `name` is the argument's name.
-    BadInteger { name: &'static str, detail: &'static str },
+    BadInteger {
+        name: &'static str,
+        detail: &'static str,
+    },
     /// A numeric argument above its configured limit.
-    TooLarge { name: &'static str, config: &'static str, max: i64 },
+    TooLarge {
+        name: &'static str,
+        config: &'static str,
+        max: i64,
+    },
     EmptyToken,
-    TokenTooLong { max: i64 },
+    TokenTooLong {
+        max: i64,
+    },
     UnknownOption(String),
     RepeatedOption(&'static str),
     FenceExhausted,
     /// The queue of waiters on this lock is full.
-    TooManyWaiters { max: i64 },
+    TooManyWaiters {
+        max: i64,
+    },
     /// LOCK.APPLY sent by a client instead of the replication link or AOF.
     InternalCommand,
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).

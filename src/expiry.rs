@@ -31,10 +31,15 @@ struct Index {
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
 
-static INDEX: Mutex<Index> = Mutex::new(Index { entries: BTreeSet::new(), armed: None });
+static INDEX: Mutex<Index> = Mutex::new(Index {
+    entries: BTreeSet::new(),
+    armed: None,
+});
 
 fn index() -> MutexGuard<'static, Index> {
-    INDEX.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    INDEX
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Moves the entry of `key` from `old` to `new` deadline and makes sure the timer fires in time.
@@ -71,8 +76,14 @@ fn arm(ctx: &Context, idx: &mut Index, at: u64) {
     let delay = i64::try_from(delay).unwrap_or(i64::MAX);
     // SAFETY: valid context; the callback is a plain function and takes no data.
     let id = unsafe {
-        raw::RedisModule_CreateTimer
-            .map(|create| create(ctx.ctx, delay, Some(crate::ffi::expiry_timer), std::ptr::null_mut()))
+        raw::RedisModule_CreateTimer.map(|create| {
+            create(
+                ctx.ctx,
+                delay,
+                Some(crate::ffi::expiry_timer),
+                std::ptr::null_mut(),
+            )
+        })
     };
     if let Some(id) = id {
         idx.armed = Some((id, at));
@@ -111,7 +122,11 @@ pub fn on_timer(ctx: &Context) {
     }
     replication::select_db(ctx, original_db);
     let mut idx = index();
-    let next = if more_due { Some(now) } else { idx.entries.first().map(|(d, _, _)| *d) };
+    let next = if more_due {
+        Some(now)
+    } else {
+        idx.entries.first().map(|(d, _, _)| *d)
+    };
     if let Some(next) = next {
         arm(ctx, &mut idx, next);
     }

@@ -28,7 +28,9 @@ fn guarded<R>(fallback: R, f: impl FnOnce() -> R) -> R {
 
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
-        logging::log_warning(format!("lock module bug (caught, server kept running): {info}"));
+        logging::log_warning(format!(
+            "lock module bug (caught, server kept running): {info}"
+        ));
     }));
 }
 
@@ -106,8 +108,12 @@ impl KeyAccess {
                     | f(raw::REDISMODULE_CMD_KEY_ACCESS)
                     | f(raw::REDISMODULE_CMD_KEY_UPDATE)
             }
-            KeyAccess::Update => f(raw::REDISMODULE_CMD_KEY_RW) | f(raw::REDISMODULE_CMD_KEY_UPDATE),
-            KeyAccess::Overwrite => f(raw::REDISMODULE_CMD_KEY_OW) | f(raw::REDISMODULE_CMD_KEY_UPDATE),
+            KeyAccess::Update => {
+                f(raw::REDISMODULE_CMD_KEY_RW) | f(raw::REDISMODULE_CMD_KEY_UPDATE)
+            }
+            KeyAccess::Overwrite => {
+                f(raw::REDISMODULE_CMD_KEY_OW) | f(raw::REDISMODULE_CMD_KEY_UPDATE)
+            }
         }
     }
 }
@@ -131,7 +137,12 @@ pub struct ArgDef {
 
 impl ArgDef {
     pub const fn new(name: &'static CStr, kind: ArgKind) -> Self {
-        ArgDef { name, kind, token: None, flags: 0 }
+        ArgDef {
+            name,
+            kind,
+            token: None,
+            flags: 0,
+        }
     }
     pub const fn token(mut self, token: &'static CStr) -> Self {
         self.token = Some(token);
@@ -156,7 +167,11 @@ impl ArgDef {
         raw::RedisModuleCommandArg {
             name: self.name.as_ptr(),
             type_,
-            key_spec_index: if matches!(self.kind, ArgKind::Key) { 0 } else { -1 },
+            key_spec_index: if matches!(self.kind, ArgKind::Key) {
+                0
+            } else {
+                -1
+            },
             token: self.token.map_or(ptr::null(), CStr::as_ptr),
             summary: ptr::null(),
             since: ptr::null(),
@@ -171,7 +186,11 @@ impl ArgDef {
 /// One row of the module's command table.
 pub struct CommandDef {
     pub name: &'static CStr,
-    pub callback: unsafe extern "C" fn(*mut raw::RedisModuleCtx, *mut *mut raw::RedisModuleString, c_int) -> c_int,
+    pub callback: unsafe extern "C" fn(
+        *mut raw::RedisModuleCtx,
+        *mut *mut raw::RedisModuleString,
+        c_int,
+    ) -> c_int,
     pub flags: &'static CStr,
     pub arity: c_int,
     pub key: KeyAccess,
@@ -197,7 +216,16 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
     // SAFETY: valid context and NUL-terminated static strings; Redis copies what it keeps.
     unsafe {
         let create = raw::RedisModule_CreateCommand.ok_or("no CreateCommand")?;
-        if create(ctx.ctx, def.name.as_ptr(), Some(def.callback), def.flags.as_ptr(), 1, 1, 1) == ERR {
+        if create(
+            ctx.ctx,
+            def.name.as_ptr(),
+            Some(def.callback),
+            def.flags.as_ptr(),
+            1,
+            1,
+            1,
+        ) == ERR
+        {
             return Err(format!("cannot create command {name}"));
         }
         let get = raw::RedisModule_GetCommand.ok_or("no GetCommand")?;
@@ -209,7 +237,8 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
             raw::RedisModuleCommandKeySpec {
                 notes: ptr::null(),
                 flags: def.key.flags(),
-                begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+                begin_search_type:
+                    raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
                 bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
                     index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
                 },
@@ -224,7 +253,8 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
             },
             zeroed_key_spec(),
         ];
-        let mut args: Vec<raw::RedisModuleCommandArg> = def.args.iter().map(|a| a.to_raw()).collect();
+        let mut args: Vec<raw::RedisModuleCommandArg> =
+            def.args.iter().map(|a| a.to_raw()).collect();
         args.push(zeroed_arg());
         let version = raw::RedisModuleCommandInfoVersion {
             version: 1,
@@ -309,9 +339,10 @@ pub fn block_on_key(ctx: &Context, key: &RedisString, timeout_ms: u64, tag: Tag)
     let mut keys = [key.inner];
     // SAFETY: valid context and key; privdata is freed by `wait_free` (or below on failure).
     unsafe {
-        let (Some(block), Some(on_disconnect)) =
-            (raw::RedisModule_BlockClientOnKeys, raw::RedisModule_SetDisconnectCallback)
-        else {
+        let (Some(block), Some(on_disconnect)) = (
+            raw::RedisModule_BlockClientOnKeys,
+            raw::RedisModule_SetDisconnectCallback,
+        ) else {
             drop(Box::from_raw(privdata));
             return None;
         };
@@ -348,7 +379,10 @@ unsafe extern "C" fn wait_ready(
 ) -> c_int {
     guarded(ERR, || {
         if let Some(tag) = tag_of(ctx) {
-            deferred::defer(&Context::new(ctx), deferred::Job::SettleKey(tag.key.clone()));
+            deferred::defer(
+                &Context::new(ctx),
+                deferred::Job::SettleKey(tag.key.clone()),
+            );
         }
         ERR
     })
@@ -398,7 +432,11 @@ pub unsafe extern "C" fn deferred_timer(ctx: *mut raw::RedisModuleCtx, _data: *m
 // ---------------------------------------------------------------------------------------------
 // Configs
 
-pub fn register_config(ctx: &Context, config: &'static NumericConfig, default: i64) -> Result<(), String> {
+pub fn register_config(
+    ctx: &Context,
+    config: &'static NumericConfig,
+    default: i64,
+) -> Result<(), String> {
     let name = CString::new(config.name).map_err(|e| e.to_string())?;
     // SAFETY: valid context; privdata is a 'static config that outlives the module.
     let status = unsafe {
@@ -445,7 +483,9 @@ extern "C" fn config_set(
 ) -> c_int {
     // SAFETY: as in config_get. Redis has already checked the bounds.
     let config = unsafe { &*privdata.cast::<NumericConfig>() };
-    config.value.store(value, std::sync::atomic::Ordering::Relaxed);
+    config
+        .value
+        .store(value, std::sync::atomic::Ordering::Relaxed);
     OK
 }
 
@@ -467,9 +507,10 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
     guarded((), || {
         // SAFETY: valid info context; names are NUL-terminated.
         unsafe {
-            let (Some(section), Some(field)) =
-                (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldLongLong)
-            else {
+            let (Some(section), Some(field)) = (
+                raw::RedisModule_InfoAddSection,
+                raw::RedisModule_InfoAddFieldLongLong,
+            ) else {
                 return;
             };
             section(ctx, c"".as_ptr());
@@ -492,7 +533,9 @@ impl RdbReader for Io {
         raw::load_unsigned(self.0).ok()
     }
     fn buffer(&mut self) -> Option<Vec<u8>> {
-        raw::load_string_buffer(self.0).ok().map(|b| b.as_ref().to_vec())
+        raw::load_string_buffer(self.0)
+            .ok()
+            .map(|b| b.as_ref().to_vec())
     }
 }
 
@@ -508,18 +551,23 @@ impl RdbWriter for Io {
 /// # Safety
 /// Called by Redis with a valid IO handle.
 pub unsafe extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
-    guarded(ptr::null_mut(), || match datatype::load(encver, &mut Io(rdb)) {
-        Ok(lock) => Box::into_raw(Box::new(Stored::new(lock))).cast(),
-        Err(error) => {
-            let why = match error {
-                DecodeError::NewerVersion(v) => {
-                    format!("encoding version {v} is newer than this module's {}", datatype::ENCODING_VERSION)
-                }
-                DecodeError::ShortRead => "the input ended early".into(),
-                DecodeError::Invalid(what) => format!("invalid value: {what}"),
-            };
-            logging::log_warning(format!("lock module cannot load a lock: {why}"));
-            ptr::null_mut()
+    guarded(ptr::null_mut(), || {
+        match datatype::load(encver, &mut Io(rdb)) {
+            Ok(lock) => Box::into_raw(Box::new(Stored::new(lock))).cast(),
+            Err(error) => {
+                let why = match error {
+                    DecodeError::NewerVersion(v) => {
+                        format!(
+                            "encoding version {v} is newer than this module's {}",
+                            datatype::ENCODING_VERSION
+                        )
+                    }
+                    DecodeError::ShortRead => "the input ended early".into(),
+                    DecodeError::Invalid(what) => format!("invalid value: {what}"),
+                };
+                logging::log_warning(format!("lock module cannot load a lock: {why}"));
+                ptr::null_mut()
+            }
         }
     })
 }
@@ -535,19 +583,54 @@ pub unsafe extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_vo
 
 /// # Safety
 /// `value` is a `Stored` this module created.
-pub unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut raw::RedisModuleString, value: *mut c_void) {
+pub unsafe extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
     guarded((), || {
         let stored = &*value.cast::<Stored>();
-        let Some(emit) = raw::RedisModule_EmitAOF else { return };
+        let Some(emit) = raw::RedisModule_EmitAOF else {
+            return;
+        };
         let args = crate::replication::effect_args(crate::replication::Event::Sync, stored.lock());
-        let b = |i: usize| args.get(i).map_or((ptr::null(), 0), |a| (a.as_ptr().cast::<c_char>(), a.len()));
+        let b = |i: usize| {
+            args.get(i)
+                .map_or((ptr::null(), 0), |a| (a.as_ptr().cast::<c_char>(), a.len()))
+        };
         let cmd = c"LOCK.APPLY".as_ptr();
         match args.len() {
-            3 => emit(aof, cmd, c"sbbb".as_ptr(), key, b(0).0, b(0).1, b(1).0, b(1).1, b(2).0, b(2).1),
+            3 => emit(
+                aof,
+                cmd,
+                c"sbbb".as_ptr(),
+                key,
+                b(0).0,
+                b(0).1,
+                b(1).0,
+                b(1).1,
+                b(2).0,
+                b(2).1,
+            ),
             7 => emit(
-                aof, cmd, c"sbbbbbbb".as_ptr(), key,
-                b(0).0, b(0).1, b(1).0, b(1).1, b(2).0, b(2).1, b(3).0, b(3).1,
-                b(4).0, b(4).1, b(5).0, b(5).1, b(6).0, b(6).1,
+                aof,
+                cmd,
+                c"sbbbbbbb".as_ptr(),
+                key,
+                b(0).0,
+                b(0).1,
+                b(1).0,
+                b(1).1,
+                b(2).0,
+                b(2).1,
+                b(3).0,
+                b(3).1,
+                b(4).0,
+                b(4).1,
+                b(5).0,
+                b(5).1,
+                b(6).0,
+                b(6).1,
             ),
             _ => {}
         }
@@ -557,7 +640,9 @@ pub unsafe extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: *mut raw
 /// # Safety
 /// `value` is a `Stored` this module created.
 pub unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
-    guarded(0, || std::mem::size_of::<Stored>() + (*value.cast::<Stored>()).lock().mem_usage())
+    guarded(0, || {
+        std::mem::size_of::<Stored>() + (*value.cast::<Stored>()).lock().mem_usage()
+    })
 }
 
 /// # Safety
@@ -615,10 +700,16 @@ pub unsafe extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, _when: c_int) {
 
 /// # Safety
 /// Called by Redis with a valid IO handle.
-pub unsafe extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, _when: c_int) -> c_int {
+pub unsafe extern "C" fn aux_load(
+    rdb: *mut raw::RedisModuleIO,
+    encver: c_int,
+    _when: c_int,
+) -> c_int {
     guarded(ERR, || {
         if encver > datatype::AUX_VERSION {
-            logging::log_warning(format!("lock module cannot load fence floor of encoding version {encver}"));
+            logging::log_warning(format!(
+                "lock module cannot load fence floor of encoding version {encver}"
+            ));
             return ERR;
         }
         match raw::load_unsigned(rdb) {
@@ -654,12 +745,15 @@ unsafe extern "C" fn scan_one(
         if key.is_null() {
             return;
         }
-        let (Some(get_type), Some(get_value)) =
-            (raw::RedisModule_ModuleTypeGetType, raw::RedisModule_ModuleTypeGetValue)
-        else {
+        let (Some(get_type), Some(get_value)) = (
+            raw::RedisModule_ModuleTypeGetType,
+            raw::RedisModule_ModuleTypeGetValue,
+        ) else {
             return;
         };
-        if raw::RedisModule_KeyType.map(|f| f(key)) != Some(raw::REDISMODULE_KEYTYPE_MODULE as c_int) {
+        if raw::RedisModule_KeyType.map(|f| f(key))
+            != Some(raw::REDISMODULE_KEYTYPE_MODULE as c_int)
+        {
             return;
         }
         if get_type(key) != *LOCK_TYPE.raw_type.borrow() {
@@ -733,7 +827,9 @@ pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
             }
         }
         let keyspace = raw::RedisModule_SubscribeToKeyspaceEvents.ok_or("no keyspace events")?;
-        let classes = raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED | raw::REDISMODULE_NOTIFY_EVICTED;
+        let classes = raw::REDISMODULE_NOTIFY_GENERIC
+            | raw::REDISMODULE_NOTIFY_EXPIRED
+            | raw::REDISMODULE_NOTIFY_EVICTED;
         if keyspace(ctx.ctx, classes as c_int, Some(keyspace_event)) == ERR {
             return Err("cannot subscribe to keyspace events".into());
         }
@@ -750,11 +846,17 @@ unsafe extern "C" fn server_event(
     guarded((), || {
         let context = Context::new(ctx);
         match event.id {
-            raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+            raw::REDISMODULE_EVENT_LOADING
+                if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED =>
+            {
                 expiry::rebuild(&context);
             }
             raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
-                let dbnum = if data.is_null() { -1 } else { (*data.cast::<FlushInfo>()).dbnum };
+                let dbnum = if data.is_null() {
+                    -1
+                } else {
+                    (*data.cast::<FlushInfo>()).dbnum
+                };
                 let db = (dbnum >= 0).then_some(dbnum);
                 expiry::forget_db(db);
                 settle_waiters_in(&context, db);
@@ -764,7 +866,8 @@ unsafe extern "C" fn server_event(
                 settle_waiters_in(&context, None);
             }
             raw::REDISMODULE_EVENT_CLIENT_CHANGE
-                if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED && !data.is_null() =>
+                if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED
+                    && !data.is_null() =>
             {
                 let client = (*data.cast::<ClientInfoHead>()).id;
                 if sessions::owns_any(client) {
@@ -792,7 +895,10 @@ unsafe extern "C" fn keyspace_event(
         if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
             expiry::index_key(&context, name);
         }
-        if matches!(event, b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from") {
+        if matches!(
+            event,
+            b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from"
+        ) {
             let place = (crate::replication::selected_db(&context), name.into());
             if waiting::waiting_on(&place) > 0 {
                 deferred::defer(&context, deferred::Job::SettleKey(place));

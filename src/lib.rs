@@ -5,6 +5,10 @@
 //! the data type, configs, INFO and the server events the module listens to. The behaviour lives
 //! in the modules below; all raw callbacks are in `ffi`.
 
+// A panic inside Redis aborts the server: the module's own code may not unwrap, expect or panic
+// (tests may; see clippy.toml).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 pub mod commands;
 pub mod config;
 pub mod core;

@@ -131,7 +131,11 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
         }
         _ => return Err(LockError::WrongArity),
     };
-    Ok(Effect { event, lock: Lock { fence, holder }, floor })
+    Ok(Effect {
+        event,
+        lock: Lock { fence, holder },
+        floor,
+    })
 }
 
 /// The database the context works on.
@@ -143,13 +147,21 @@ pub fn selected_db(ctx: &Context) -> i32 {
 /// Selects database `db` on the context; false when it does not exist.
 pub fn select_db(ctx: &Context, db: i32) -> bool {
     // SAFETY: valid context; Redis refuses ids out of range.
-    unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as i32) }
+    unsafe {
+        raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == raw::REDISMODULE_OK as i32)
+    }
 }
 
 /// Tells the rest of the server about a change that already happened to `lock` under `key`:
 /// WATCH invalidation, the keyspace notification and the expiry index. `old_deadline` is the
 /// lease deadline before the change, if there was one.
-pub fn announce(ctx: &Context, key: &RedisString, event: Event, lock: &Lock, old_deadline: Option<u64>) {
+pub fn announce(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    lock: &Lock,
+    old_deadline: Option<u64>,
+) {
     // SAFETY: valid context and key string for the duration of the call.
     unsafe {
         if let Some(signal) = raw::RedisModule_SignalModifiedKey {
@@ -167,7 +179,13 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, lock: &Lock, old
 }
 
 /// On the primary: announce a change and send it to replicas and the AOF.
-pub fn propagate(ctx: &Context, key: &RedisString, event: Event, lock: &Lock, old_deadline: Option<u64>) {
+pub fn propagate(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    lock: &Lock,
+    old_deadline: Option<u64>,
+) {
     announce(ctx, key, event, lock, old_deadline);
     let args = effect_args(event, lock);
     let mut all: Vec<&[u8]> = Vec::with_capacity(args.len() + 1);
@@ -196,7 +214,13 @@ mod tests {
 
     #[test]
     fn effects_round_trip() {
-        round_trip(Event::Release, Lock { fence: 9, holder: None });
+        round_trip(
+            Event::Release,
+            Lock {
+                fence: 9,
+                holder: None,
+            },
+        );
         round_trip(
             Event::Acquire,
             Lock {

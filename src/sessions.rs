@@ -22,7 +22,9 @@ struct Sessions {
 static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(|| Mutex::new(Sessions::default()));
 
 fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
-    f(&mut SESSIONS.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    f(&mut SESSIONS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner))
 }
 
 /// Makes `client` the session owner of `key`, held by `token`.
@@ -85,7 +87,10 @@ mod tests {
         claim(key("s1"), 101, b"t");
         claim(key("s1"), 102, b"t");
         assert!(disconnected(101).is_empty());
-        assert_eq!(disconnected(102), vec![(key("s1"), b"t".to_vec().into_boxed_slice())]);
+        assert_eq!(
+            disconnected(102),
+            vec![(key("s1"), b"t".to_vec().into_boxed_slice())]
+        );
         assert!(disconnected(102).is_empty());
     }
 
@@ -94,6 +99,9 @@ mod tests {
         claim(key("s2"), 201, b"t");
         claim(key("s3"), 201, b"u");
         forget(&key("s2"));
-        assert_eq!(disconnected(201), vec![(key("s3"), b"u".to_vec().into_boxed_slice())]);
+        assert_eq!(
+            disconnected(201),
+            vec![(key("s3"), b"u".to_vec().into_boxed_slice())]
+        );
     }
 }

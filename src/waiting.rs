@@ -52,7 +52,9 @@ pub struct Waiter {
 pub enum Kind {
     Acquire(Request),
     /// `LOCK.WAIT`: the fence of the grant it waits to see end.
-    Watch { fence: u64 },
+    Watch {
+        fence: u64,
+    },
 }
 
 #[derive(Default)]
@@ -88,11 +90,17 @@ struct State {
     next_id: u64,
 }
 
-static STATE: LazyLock<Mutex<State>> =
-    LazyLock::new(|| Mutex::new(State { queues: HashMap::new(), next_id: 1 }));
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| {
+    Mutex::new(State {
+        queues: HashMap::new(),
+        next_id: 1,
+    })
+});
 
 fn state() -> MutexGuard<'static, State> {
-    STATE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    STATE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 thread_local! {
@@ -115,7 +123,10 @@ pub fn waiting_on(key: &KeyRef) -> usize {
 
 /// True when acquirers are queued on `key`: a new, non-waiting acquire must not overtake them.
 pub fn has_acquirers(key: &KeyRef) -> bool {
-    state().queues.get(key).is_some_and(|q| !q.acquirers.is_empty())
+    state()
+        .queues
+        .get(key)
+        .is_some_and(|q| !q.acquirers.is_empty())
 }
 
 pub fn acquirers_on(key: &KeyRef) -> usize {
@@ -157,9 +168,22 @@ pub fn remove_handle(handle: Handle) -> Option<Waiter> {
     let tag = {
         let st = state();
         st.queues.iter().find_map(|(key, q)| {
-            let acquirer = q.acquirers.iter().find(|w| w.handle == handle).map(|w| (w.id, false));
-            let watcher = || q.watchers.iter().find(|w| w.handle == handle).map(|w| (w.id, true));
-            acquirer.or_else(watcher).map(|(id, watch)| Tag { id, key: key.clone(), watch })
+            let acquirer = q
+                .acquirers
+                .iter()
+                .find(|w| w.handle == handle)
+                .map(|w| (w.id, false));
+            let watcher = || {
+                q.watchers
+                    .iter()
+                    .find(|w| w.handle == handle)
+                    .map(|w| (w.id, true))
+            };
+            acquirer.or_else(watcher).map(|(id, watch)| Tag {
+                id,
+                key: key.clone(),
+                watch,
+            })
         })
     }?;
     remove(&tag)
@@ -181,7 +205,9 @@ pub fn pop_head(key: &KeyRef) -> Option<Waiter> {
 /// waited on a grant other than the current one.
 pub fn take_watchers(key: &KeyRef, current: Option<u64>) -> Vec<Waiter> {
     let mut st = state();
-    let Some(queue) = st.queues.get_mut(key) else { return Vec::new() };
+    let Some(queue) = st.queues.get_mut(key) else {
+        return Vec::new();
+    };
     let (wake, keep): (Vec<Waiter>, Vec<Waiter>) = std::mem::take(&mut queue.watchers)
         .into_iter()
         .partition(|w| match (&w.kind, current) {
@@ -198,7 +224,12 @@ pub fn take_watchers(key: &KeyRef, current: Option<u64>) -> Vec<Waiter> {
 
 /// Keys with waiters in `db` (all dbs for `None`).
 pub fn keys_in(db: Option<i32>) -> Vec<KeyRef> {
-    state().queues.keys().filter(|(d, _)| db.is_none_or(|db| *d == db)).cloned().collect()
+    state()
+        .queues
+        .keys()
+        .filter(|(d, _)| db.is_none_or(|db| *d == db))
+        .cloned()
+        .collect()
 }
 
 /// Answers a waiter that was already taken off its queue, through its timeout callback.
@@ -216,5 +247,8 @@ pub fn deliver(waiter: &Waiter, wake: Wake) {
 
 /// In the timeout callback: the wake being delivered to waiter `id`, if any.
 pub fn delivering(id: u64) -> Option<Wake> {
-    DELIVERING.with(|d| d.get()).filter(|(for_id, _)| *for_id == id).map(|(_, wake)| wake)
+    DELIVERING
+        .with(|d| d.get())
+        .filter(|(for_id, _)| *for_id == id)
+        .map(|(_, wake)| wake)
 }

@@ -41,7 +41,10 @@ fn same_token_reacquire_returns_same_fence_and_refreshes_lease() {
     let server = Server::start();
     let mut c = server.conn();
     let fence = acquire(&mut c, "k", "a", 1_000);
-    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "a", "60000"]), Reply::Int(fence));
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "a", "60000"]),
+        Reply::Int(fence)
+    );
     let ttl = lock_field(&mut c, "k", "ttl").int();
     assert!(ttl > 59_000 && ttl <= 60_000, "ttl {ttl}");
     assert_eq!(lock_field(&mut c, "k", "holds"), Reply::Int(1));
@@ -52,8 +55,14 @@ fn reentrant_acquire_counts_holds_and_release_drops_one_at_a_time() {
     let server = Server::start();
     let mut c = server.conn();
     let fence = acquire(&mut c, "k", "a", 10_000);
-    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "a", "10000", "REENTRANT"]), Reply::Int(fence));
-    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "a", "10000", "reentrant"]), Reply::Int(fence));
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "a", "10000", "REENTRANT"]),
+        Reply::Int(fence)
+    );
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "a", "10000", "reentrant"]),
+        Reply::Int(fence)
+    );
     assert_eq!(lock_field(&mut c, "k", "holds"), Reply::Int(3));
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
@@ -71,7 +80,10 @@ fn release_with_wrong_token_keeps_lock() {
     let fence = acquire(&mut c, "k", "a", 10_000);
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "b"]), Reply::Int(0));
     assert_eq!(state_of(&mut c, "k"), "held");
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
 }
 
 #[test]
@@ -94,7 +106,10 @@ fn released_lock_is_free_and_next_grant_has_larger_fence() {
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
     assert_eq!(state_of(&mut c, "k"), "free");
     assert_eq!(lock_field(&mut c, "k", "ttl"), Reply::Int(-1));
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &first.to_string()]), Reply::Int(0));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &first.to_string()]),
+        Reply::Int(0)
+    );
     let second = acquire(&mut c, "k", "b", 10_000);
     assert!(second > first, "{second} > {first}");
 }
@@ -118,9 +133,18 @@ fn fence_check_accepts_only_current_holders_fence() {
     let old = acquire(&mut c, "k", "a", 10_000);
     c.call(&["LOCK.RELEASE", "k", "a"]);
     let current = acquire(&mut c, "k", "b", 10_000);
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &current.to_string()]), Reply::Int(1));
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &old.to_string()]), Reply::Int(0));
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &(current + 1).to_string()]), Reply::Int(0));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &current.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &old.to_string()]),
+        Reply::Int(0)
+    );
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &(current + 1).to_string()]),
+        Reply::Int(0)
+    );
 }
 
 #[test]
@@ -146,7 +170,10 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
     let items = resp2.items();
     assert_eq!(items.len(), 12);
     let names: Vec<String> = items.iter().step_by(2).map(Reply::text).collect();
-    assert_eq!(names, ["state", "fence", "ttl", "holds", "waiters", "session"]);
+    assert_eq!(
+        names,
+        ["state", "fence", "ttl", "holds", "waiters", "session"]
+    );
     assert_eq!(items[1], Reply::status("held"));
     assert_eq!(items[3], Reply::Int(fence));
     assert_eq!(items[7], Reply::Int(1));
@@ -156,7 +183,9 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
 
     let mut c3 = server.conn3();
     let resp3 = c3.call(&["LOCK.INFO", "k"]);
-    let Reply::Map(pairs) = &resp3 else { panic!("expected a map, got {resp3:?}") };
+    let Reply::Map(pairs) = &resp3 else {
+        panic!("expected a map, got {resp3:?}")
+    };
     assert_eq!(pairs.len(), 6);
     assert_eq!(pairs[0], (Reply::status("state"), Reply::status("held")));
     assert_eq!(pairs[1], (Reply::status("fence"), Reply::Int(fence)));
@@ -172,7 +201,10 @@ fn binary_tokens_are_compared_byte_for_byte() {
     let token: &[u8] = b"\x00\xff\r\nbin\x00";
     let reply = c.call(&[&b"LOCK.ACQUIRE"[..], b"k", token, b"10000"]);
     assert!(matches!(reply, Reply::Int(f) if f > 0), "{reply:?}");
-    assert_eq!(c.call(&[&b"LOCK.RELEASE"[..], b"k", b"\x00\xff\r\nbin"]), Reply::Int(0));
+    assert_eq!(
+        c.call(&[&b"LOCK.RELEASE"[..], b"k", b"\x00\xff\r\nbin"]),
+        Reply::Int(0)
+    );
     assert_eq!(c.call(&[&b"LOCK.RELEASE"[..], b"k", token]), Reply::Int(1));
 }
 
@@ -184,7 +216,12 @@ fn assert_refused(c: &mut Conn, args: &[&str], error: &str) {
     let after = (lock_info(c, "k"), digest_value(c, "k"), c.call(&["DBSIZE"]));
     // ttl moves with the clock; compare everything else.
     let strip = |s: &(Option<Vec<(String, Reply)>>, String, Reply)| {
-        let info = s.0.as_ref().map(|i| i.iter().filter(|(n, _)| n != "ttl").cloned().collect::<Vec<_>>());
+        let info = s.0.as_ref().map(|i| {
+            i.iter()
+                .filter(|(n, _)| n != "ttl")
+                .cloned()
+                .collect::<Vec<_>>()
+        });
         (info, s.1.clone(), s.2.clone())
     };
     assert_eq!(strip(&before), strip(&after), "{args:?} changed state");
@@ -203,7 +240,10 @@ fn bad_ttl_is_refused_naming_the_argument_and_changes_nothing() {
         ("", "ERR invalid ttl-ms: not an integer"),
         (" 10", "ERR invalid ttl-ms: not an integer"),
         ("99999999999999999999", "ERR invalid ttl-ms: not an integer"),
-        ("86400001", "ERR invalid ttl-ms: exceeds lock.max-ttl (86400000)"),
+        (
+            "86400001",
+            "ERR invalid ttl-ms: exceeds lock.max-ttl (86400000)",
+        ),
     ] {
         assert_refused(&mut c, &["LOCK.ACQUIRE", "k", "a", ttl], error);
         assert_refused(&mut c, &["LOCK.ACQUIRE", "k2", "a", ttl], error);
@@ -219,19 +259,58 @@ fn bad_tokens_and_options_are_refused_and_change_nothing() {
     acquire(&mut c, "k", "a", 10_000);
     let long = "x".repeat(257);
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["LOCK.ACQUIRE", "k", "", "1000"], "ERR invalid token: must not be empty"),
-        (vec!["LOCK.RELEASE", "k", ""], "ERR invalid token: must not be empty"),
-        (vec!["LOCK.RENEW", "k", "", "1000"], "ERR invalid token: must not be empty"),
-        (vec!["LOCK.ACQUIRE", "k", &long, "1000"], "ERR invalid token: longer than lock.max-token-len (256 bytes)"),
-        (vec!["LOCK.RELEASE", "k", &long], "ERR invalid token: longer than lock.max-token-len (256 bytes)"),
-        (vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"], "ERR unknown option 'FOO'"),
-        (vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"], "ERR option REENTRANT given more than once"),
-        (vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT"], "ERR invalid timeout-ms: missing after WAIT"),
-        (vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT", "x"], "ERR invalid timeout-ms: not an integer"),
-        (vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT", "-1"], "ERR invalid timeout-ms: must not be negative"),
-        (vec!["LOCK.FENCE", "k", "0"], "ERR invalid fence: must be a positive integer"),
-        (vec!["LOCK.FENCE", "k", "-3"], "ERR invalid fence: must be a positive integer"),
-        (vec!["LOCK.FENCE", "k", "abc"], "ERR invalid fence: must be a positive integer"),
+        (
+            vec!["LOCK.ACQUIRE", "k", "", "1000"],
+            "ERR invalid token: must not be empty",
+        ),
+        (
+            vec!["LOCK.RELEASE", "k", ""],
+            "ERR invalid token: must not be empty",
+        ),
+        (
+            vec!["LOCK.RENEW", "k", "", "1000"],
+            "ERR invalid token: must not be empty",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", &long, "1000"],
+            "ERR invalid token: longer than lock.max-token-len (256 bytes)",
+        ),
+        (
+            vec!["LOCK.RELEASE", "k", &long],
+            "ERR invalid token: longer than lock.max-token-len (256 bytes)",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"],
+            "ERR unknown option 'FOO'",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"],
+            "ERR option REENTRANT given more than once",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT"],
+            "ERR invalid timeout-ms: missing after WAIT",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT", "x"],
+            "ERR invalid timeout-ms: not an integer",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "a", "1000", "WAIT", "-1"],
+            "ERR invalid timeout-ms: must not be negative",
+        ),
+        (
+            vec!["LOCK.FENCE", "k", "0"],
+            "ERR invalid fence: must be a positive integer",
+        ),
+        (
+            vec!["LOCK.FENCE", "k", "-3"],
+            "ERR invalid fence: must be a positive integer",
+        ),
+        (
+            vec!["LOCK.FENCE", "k", "abc"],
+            "ERR invalid fence: must be a positive integer",
+        ),
     ];
     for (args, error) in cases {
         assert_refused(&mut c, &args, error);
@@ -264,7 +343,8 @@ fn other_types_get_wrongtype_and_stay_untouched() {
     let server = Server::start();
     let mut c = server.conn();
     c.call(&["SET", "s", "value"]);
-    let wrongtype = Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value");
+    let wrongtype =
+        Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value");
     for args in [
         vec!["LOCK.ACQUIRE", "s", "t", "1000"],
         vec!["LOCK.RELEASE", "s", "t"],
@@ -285,8 +365,20 @@ fn apply_is_refused_from_clients() {
     let server = Server::start();
     let mut c = server.conn();
     assert_eq!(
-        c.call(&["LOCK.APPLY", "k", "acquire", "5", "5", "tok", "99999999999999", "1", "0"]),
-        Reply::error("ERR LOCK.APPLY is internal: only the replication link and AOF loading may send it")
+        c.call(&[
+            "LOCK.APPLY",
+            "k",
+            "acquire",
+            "5",
+            "5",
+            "tok",
+            "99999999999999",
+            "1",
+            "0"
+        ]),
+        Reply::error(
+            "ERR LOCK.APPLY is internal: only the replication link and AOF loading may send it"
+        )
     );
     assert_eq!(c.call(&["EXISTS", "k"]), Reply::Int(0));
 }
@@ -299,10 +391,19 @@ fn max_ttl_and_max_token_len_are_configs() {
         c.call(&["CONFIG", "GET", "lock.max-ttl"]),
         Reply::Array(vec![Reply::bulk("lock.max-ttl"), Reply::bulk("5000")])
     );
-    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "t", "5001"]), Reply::error("ERR invalid ttl-ms: exceeds lock.max-ttl (5000)"));
-    assert_eq!(c.call(&["CONFIG", "SET", "lock.max-ttl", "10000"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "t", "5001"]),
+        Reply::error("ERR invalid ttl-ms: exceeds lock.max-ttl (5000)")
+    );
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.max-ttl", "10000"]),
+        Reply::status("OK")
+    );
     acquire(&mut c, "k", "t", 10_000);
-    assert_eq!(c.call(&["CONFIG", "SET", "lock.max-token-len", "4"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.max-token-len", "4"]),
+        Reply::status("OK")
+    );
     assert_eq!(
         c.call(&["LOCK.ACQUIRE", "k2", "12345", "100"]),
         Reply::error("ERR invalid token: longer than lock.max-token-len (4 bytes)")
@@ -319,7 +420,10 @@ fn max_ttl_and_max_token_len_are_configs() {
 fn unknown_module_argument_refuses_to_load() {
     let config = Config::default().module_arg("max-tll").module_arg("5");
     let result = std::panic::catch_unwind(|| Server::start_with(config));
-    assert!(result.is_err(), "server started with a misspelt module argument");
+    assert!(
+        result.is_err(),
+        "server started with a misspelt module argument"
+    );
 }
 
 #[test]
@@ -330,7 +434,10 @@ fn command_docs_and_getkeys_know_the_key() {
         c.call(&["COMMAND", "GETKEYS", "LOCK.ACQUIRE", "mykey", "tok", "100"]),
         Reply::Array(vec![Reply::bulk("mykey")])
     );
-    assert_eq!(c.call(&["COMMAND", "GETKEYS", "LOCK.FENCE", "k2", "5"]), Reply::Array(vec![Reply::bulk("k2")]));
+    assert_eq!(
+        c.call(&["COMMAND", "GETKEYS", "LOCK.FENCE", "k2", "5"]),
+        Reply::Array(vec![Reply::bulk("k2")])
+    );
     let docs = c.call(&["COMMAND", "DOCS", "LOCK.RELEASE"]);
     assert!(docs.contains_bytes(b"Drops one hold"), "{docs:?}");
     let info = c.call(&["COMMAND", "INFO", "LOCK.FENCE"]);
@@ -345,6 +452,9 @@ fn tokens_are_redacted_from_slowlog() {
     c.call(&["LOCK.RENEW", "k", "very-secret-token", "10000"]);
     c.call(&["LOCK.RELEASE", "k", "very-secret-token"]);
     let log = c.call(&["SLOWLOG", "GET", "100"]);
-    assert!(log.contains_bytes(b"LOCK.ACQUIRE") || log.contains_bytes(b"lock.acquire"), "{log:?}");
+    assert!(
+        log.contains_bytes(b"LOCK.ACQUIRE") || log.contains_bytes(b"lock.acquire"),
+        "{log:?}"
+    );
     assert!(!log.contains_bytes(b"very-secret-token"), "{log:?}");
 }

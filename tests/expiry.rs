@@ -12,7 +12,9 @@ fn notifying_server() -> Server {
 }
 
 fn wait_until_expired(server: &Server, count: i64) {
-    wait_for("leases to expire", || (server.info_int("lock_expired") >= count).then_some(()));
+    wait_for("leases to expire", || {
+        (server.info_int("lock_expired") >= count).then_some(())
+    });
 }
 
 #[test]
@@ -25,8 +27,14 @@ fn lease_runs_out_without_any_command_touching_the_key() {
     assert_eq!(next_event(&mut sub), "lock.acquire");
     assert_eq!(next_event(&mut sub), "lock.expired");
     let after = granted_at.elapsed().as_millis();
-    assert!(after >= 290, "expired after {after} ms, before its deadline");
-    assert!(after < 800, "expired {after} ms after the grant of a 300 ms lease");
+    assert!(
+        after >= 290,
+        "expired after {after} ms, before its deadline"
+    );
+    assert!(
+        after < 800,
+        "expired {after} ms after the grant of a 300 ms lease"
+    );
     assert_eq!(server.info_int("lock_held"), 0);
     assert_eq!(server.info_int("lock_expired"), 1);
     assert_eq!(server.info_int("lock_keys"), 1);
@@ -49,7 +57,14 @@ fn leases_expire_in_deadline_order() {
             expired.push(message.items()[2].text());
         }
     }
-    assert_eq!(expired, ["__keyspace@0__:k2", "__keyspace@0__:k3", "__keyspace@0__:k1"]);
+    assert_eq!(
+        expired,
+        [
+            "__keyspace@0__:k2",
+            "__keyspace@0__:k3",
+            "__keyspace@0__:k1"
+        ]
+    );
 }
 
 #[test]
@@ -57,7 +72,10 @@ fn renewed_lease_outlives_its_first_deadline() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "renewed", "a", 200);
-    assert_eq!(c.call(&["LOCK.RENEW", "renewed", "a", "60000"]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.RENEW", "renewed", "a", "60000"]),
+        Reply::Int(1)
+    );
     acquire(&mut c, "marker", "a", 400);
     wait_until_expired(&server, 1);
     assert_eq!(state_of(&mut c, "marker"), "free");
@@ -101,13 +119,18 @@ fn copied_and_restored_locks_expire_too() {
     acquire(&mut c, "k", "t", 60_000);
     assert_eq!(c.call(&["COPY", "k", "copy"]), Reply::Int(1));
     let dump = c.call(&["DUMP", "k"]);
-    let Reply::Bulk(payload) = dump else { panic!("DUMP: {dump:?}") };
+    let Reply::Bulk(payload) = dump else {
+        panic!("DUMP: {dump:?}")
+    };
     let reply = c.call(&[&b"RESTORE"[..], b"restored", b"0", &payload]);
     assert_eq!(reply, Reply::status("OK"));
     assert_eq!(c.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1));
     assert_eq!(server.info_int("lock_held"), 2);
     assert_eq!(c.call(&["LOCK.RENEW", "copy", "t", "100"]), Reply::Int(1));
-    assert_eq!(c.call(&["LOCK.RENEW", "restored", "t", "100"]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.RENEW", "restored", "t", "100"]),
+        Reply::Int(1)
+    );
     wait_until_expired(&server, 2);
     assert_eq!(server.info_int("lock_held"), 0);
 }

@@ -54,12 +54,23 @@ fn lock_events_need_the_module_class_d() {
     c.call(&["SET", "marker", "1"]);
     // The first event is the marker's: the acquire was not announced without `d`.
     let message = sub.read();
-    assert_eq!(message.items()[2], Reply::bulk("__keyspace@0__:marker"), "{message:?}");
+    assert_eq!(
+        message.items()[2],
+        Reply::bulk("__keyspace@0__:marker"),
+        "{message:?}"
+    );
     assert_eq!(message.items()[3], Reply::bulk("set"));
-    assert_eq!(c.call(&["CONFIG", "SET", "notify-keyspace-events", "K$d"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "notify-keyspace-events", "K$d"]),
+        Reply::status("OK")
+    );
     c.call(&["LOCK.RELEASE", "k", "a"]);
     let message = sub.read();
-    assert_eq!(message.items()[2], Reply::bulk("__keyspace@0__:k"), "{message:?}");
+    assert_eq!(
+        message.items()[2],
+        Reply::bulk("__keyspace@0__:k"),
+        "{message:?}"
+    );
     assert_eq!(message.items()[3], Reply::bulk("lock.release"));
 }
 
@@ -81,12 +92,46 @@ fn every_state_change_invalidates_watch() {
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 60_000);
     let aborted = Reply::Nil;
-    assert_eq!(exec_after(&server, "k", |o| assert_eq!(o.call(&["LOCK.RENEW", "k", "a", "60000"]), Reply::Int(1))), aborted);
-    assert_eq!(exec_after(&server, "k", |o| assert!(matches!(o.call(&["LOCK.ACQUIRE", "k", "a", "60000"]), Reply::Int(_)))), aborted);
-    assert_eq!(exec_after(&server, "k", |o| assert_eq!(o.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1))), aborted);
-    assert_eq!(exec_after(&server, "k", |o| { acquire(o, "k", "b", 60_000); }), aborted);
-    assert_eq!(exec_after(&server, "k", |o| assert_eq!(o.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1))), aborted);
-    assert_eq!(exec_after(&server, "fresh", |o| { acquire(o, "fresh", "b", 60_000); }), aborted);
+    assert_eq!(
+        exec_after(&server, "k", |o| assert_eq!(
+            o.call(&["LOCK.RENEW", "k", "a", "60000"]),
+            Reply::Int(1)
+        )),
+        aborted
+    );
+    assert_eq!(
+        exec_after(&server, "k", |o| assert!(matches!(
+            o.call(&["LOCK.ACQUIRE", "k", "a", "60000"]),
+            Reply::Int(_)
+        ))),
+        aborted
+    );
+    assert_eq!(
+        exec_after(&server, "k", |o| assert_eq!(
+            o.call(&["LOCK.RELEASE", "k", "a"]),
+            Reply::Int(1)
+        )),
+        aborted
+    );
+    assert_eq!(
+        exec_after(&server, "k", |o| {
+            acquire(o, "k", "b", 60_000);
+        }),
+        aborted
+    );
+    assert_eq!(
+        exec_after(&server, "k", |o| assert_eq!(
+            o.call(&["LOCK.FORCERELEASE", "k"]),
+            Reply::Int(1)
+        )),
+        aborted
+    );
+    assert_eq!(
+        exec_after(&server, "fresh", |o| {
+            acquire(o, "fresh", "b", 60_000);
+        }),
+        aborted
+    );
 }
 
 #[test]
@@ -95,7 +140,9 @@ fn lease_expiry_invalidates_watch() {
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 150);
     let reply = exec_after(&server, "k", |o| {
-        wait_for("the lease to expire", || (server.info_int("lock_expired") == 1).then_some(()));
+        wait_for("the lease to expire", || {
+            (server.info_int("lock_expired") == 1).then_some(())
+        });
         assert_eq!(state_of(o, "k"), "free");
     });
     assert_eq!(reply, Reply::Nil);
@@ -123,14 +170,23 @@ fn watch_and_fence_give_an_atomic_fenced_write() {
     let fence = acquire(&mut holder, "k", "a", 60_000);
     // The holder's write goes through while it still holds the lock.
     assert_eq!(holder.call(&["WATCH", "k"]), Reply::status("OK"));
-    assert_eq!(holder.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        holder.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
     holder.call(&["MULTI"]);
     holder.call(&["SET", "balance", "100"]);
-    assert_eq!(holder.call(&["EXEC"]), Reply::Array(vec![Reply::status("OK")]));
+    assert_eq!(
+        holder.call(&["EXEC"]),
+        Reply::Array(vec![Reply::status("OK")])
+    );
 
     // A holder that lost the lock between its check and its write is stopped by WATCH.
     assert_eq!(holder.call(&["WATCH", "k"]), Reply::status("OK"));
-    assert_eq!(holder.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        holder.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
     let mut operator = server.conn();
     assert_eq!(operator.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1));
     acquire(&mut operator, "k", "b", 60_000);

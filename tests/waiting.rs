@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::thread;
 
@@ -14,7 +13,9 @@ fn blocked(server: &Server) -> i64 {
 }
 
 fn wait_blocked(server: &Server, count: i64) {
-    wait_for(&format!("{count} blocked clients"), || (blocked(server) == count).then_some(()));
+    wait_for(&format!("{count} blocked clients"), || {
+        (blocked(server) == count).then_some(())
+    });
 }
 
 /// Sends `LOCK.ACQUIRE key token ttl WAIT timeout` on a new connection and waits until the
@@ -22,7 +23,14 @@ fn wait_blocked(server: &Server, count: i64) {
 fn queue_waiter(server: &Server, key: &str, token: &str, timeout: u64) -> Conn {
     let before = blocked(server);
     let mut conn = server.conn();
-    conn.send(&["LOCK.ACQUIRE", key, token, "10000", "WAIT", &timeout.to_string()]);
+    conn.send(&[
+        "LOCK.ACQUIRE",
+        key,
+        token,
+        "10000",
+        "WAIT",
+        &timeout.to_string(),
+    ]);
     wait_blocked(server, before + 1);
     conn
 }
@@ -48,7 +56,10 @@ fn waiters_are_granted_in_arrival_order_with_growing_fences() {
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
     let fence_b = granted(&mut b);
     assert!(fence_b > first);
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &fence_b.to_string()]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &fence_b.to_string()]),
+        Reply::Int(1)
+    );
     assert_eq!(b.call(&["LOCK.RELEASE", "k", "b"]), Reply::Int(1));
     let fence_d = granted(&mut d);
     assert!(fence_d > fence_b);
@@ -68,7 +79,10 @@ fn lock_is_handed_over_on_expiry_force_release_and_del() {
     let mut w = queue_waiter(&server, "k", "w", 0);
     let fence = granted(&mut w);
     assert_eq!(server.info_int("lock_expired"), 1);
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
 
     let mut x = queue_waiter(&server, "k", "x", 0);
     assert_eq!(c.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1));
@@ -98,7 +112,10 @@ fn timed_out_waiter_gets_nil_and_leaves_no_trace() {
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
     let mut w = server.conn();
-    assert_eq!(w.call(&["LOCK.ACQUIRE", "k", "w", "10000", "WAIT", "100"]), Reply::Nil);
+    assert_eq!(
+        w.call(&["LOCK.ACQUIRE", "k", "w", "10000", "WAIT", "100"]),
+        Reply::Nil
+    );
     assert_eq!(server.info_int("lock_acquire_timeouts"), 1);
     assert_eq!(lock_field(&mut c, "k", "waiters"), Reply::Int(0));
     assert_eq!(server.info_int("lock_waiters"), 0);
@@ -114,7 +131,10 @@ fn wait_zero_waits_without_limit() {
     let mut forever = queue_waiter(&server, "k", "f", 0);
     // A second waiter with a short timeout times out while the first keeps waiting.
     let mut short = server.conn();
-    assert_eq!(short.call(&["LOCK.ACQUIRE", "k", "s", "10000", "WAIT", "150"]), Reply::Nil);
+    assert_eq!(
+        short.call(&["LOCK.ACQUIRE", "k", "s", "10000", "WAIT", "150"]),
+        Reply::Nil
+    );
     assert_eq!(blocked(&server), 1);
     c.call(&["LOCK.RELEASE", "k", "a"]);
     granted(&mut forever);
@@ -144,11 +164,17 @@ fn client_unblock_cancels_a_wait_without_granting() {
     acquire(&mut c, "k", "a", 10_000);
     let mut w = queue_waiter(&server, "k", "w", 0);
     let id = w_id(&server);
-    assert_eq!(c.call(&["CLIENT", "UNBLOCK", &id.to_string()]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["CLIENT", "UNBLOCK", &id.to_string()]),
+        Reply::Int(1)
+    );
     assert_eq!(w.read(), Reply::Nil);
     let mut e = queue_waiter(&server, "k", "e", 0);
     let id = w_id(&server);
-    assert_eq!(c.call(&["CLIENT", "UNBLOCK", &id.to_string(), "ERROR"]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["CLIENT", "UNBLOCK", &id.to_string(), "ERROR"]),
+        Reply::Int(1)
+    );
     assert!(matches!(e.read(), Reply::Error(m) if m.starts_with("UNBLOCKED")));
     assert_eq!(lock_field(&mut c, "k", "waiters"), Reply::Int(0));
     c.call(&["LOCK.RELEASE", "k", "a"]);
@@ -159,8 +185,15 @@ fn client_unblock_cancels_a_wait_without_granting() {
 /// The id of the one blocked client.
 fn w_id(server: &Server) -> i64 {
     let list = server.conn().call(&["CLIENT", "LIST"]).text();
-    let line = list.lines().find(|l| l.contains("flags=b")).expect("a blocked client");
-    line.split(' ').find_map(|f| f.strip_prefix("id=")).expect("id").parse().expect("number")
+    let line = list
+        .lines()
+        .find(|l| l.contains("flags=b"))
+        .expect("a blocked client");
+    line.split(' ')
+        .find_map(|f| f.strip_prefix("id="))
+        .expect("id")
+        .parse()
+        .expect("number")
 }
 
 #[test]
@@ -179,7 +212,10 @@ fn non_waiting_acquire_never_overtakes_queued_waiters() {
     assert_eq!(exec.items()[0], Reply::Int(1));
     assert_eq!(exec.items()[1], Reply::Nil);
     assert_eq!(exec.items()[2], Reply::Nil);
-    assert_eq!(c.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
 }
 
 #[test]
@@ -188,7 +224,18 @@ fn holder_may_reacquire_even_with_waiters_queued() {
     let mut c = server.conn();
     let fence = acquire(&mut c, "k", "a", 10_000);
     let _w = queue_waiter(&server, "k", "w", 0);
-    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "a", "10000", "REENTRANT", "WAIT", "100"]), Reply::Int(fence));
+    assert_eq!(
+        c.call(&[
+            "LOCK.ACQUIRE",
+            "k",
+            "a",
+            "10000",
+            "REENTRANT",
+            "WAIT",
+            "100"
+        ]),
+        Reply::Int(fence)
+    );
     assert_eq!(lock_field(&mut c, "k", "holds"), Reply::Int(2));
 }
 
@@ -196,7 +243,10 @@ fn holder_may_reacquire_even_with_waiters_queued() {
 fn max_waiters_bounds_the_queue_with_a_clear_error() {
     let server = Server::start();
     let mut c = server.conn();
-    assert_eq!(c.call(&["CONFIG", "SET", "lock.max-waiters", "2"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.max-waiters", "2"]),
+        Reply::status("OK")
+    );
     acquire(&mut c, "k", "a", 10_000);
     let _w1 = queue_waiter(&server, "k", "w1", 0);
     let _w2 = queue_waiter(&server, "k", "w2", 0);
@@ -262,23 +312,33 @@ fn session_moves_to_the_connection_that_reacquired_it() {
     let server = Server::start();
     let mut c = server.conn();
     let mut first = server.conn();
-    assert_eq!(first.call(&["CLIENT", "SETNAME", "first"]), Reply::status("OK"));
+    assert_eq!(
+        first.call(&["CLIENT", "SETNAME", "first"]),
+        Reply::status("OK")
+    );
     let fence = match first.call(&["LOCK.ACQUIRE", "k", "s", "60000", "SESSION"]) {
         Reply::Int(f) => f,
         other => panic!("{other:?}"),
     };
     let mut second = server.conn();
-    assert_eq!(second.call(&["LOCK.ACQUIRE", "k", "s", "60000", "SESSION"]), Reply::Int(fence));
+    assert_eq!(
+        second.call(&["LOCK.ACQUIRE", "k", "s", "60000", "SESSION"]),
+        Reply::Int(fence)
+    );
     drop(first);
     wait_for("the first connection to close", || {
         (!c.call(&["CLIENT", "LIST"]).text().contains("name=first")).then_some(())
     });
     // Any session work for the closed connection runs before this later timer fires.
     acquire(&mut c, "marker", "m", 100);
-    wait_for("marker expiry", || (server.info_int("lock_expired") == 1).then_some(()));
+    wait_for("marker expiry", || {
+        (server.info_int("lock_expired") == 1).then_some(())
+    });
     assert_eq!(state_of(&mut c, "k"), "held");
     drop(second);
-    wait_for("session release", || (state_of(&mut c, "k") == "free").then_some(()));
+    wait_for("session release", || {
+        (state_of(&mut c, "k") == "free").then_some(())
+    });
     assert_eq!(server.info_int("lock_session_released"), 1);
 }
 
@@ -288,7 +348,10 @@ fn session_release_is_replicated() {
     let replica = Server::start();
     replica.replicate_from(&primary);
     let mut owner = primary.conn();
-    assert!(matches!(owner.call(&["LOCK.ACQUIRE", "k", "s", "60000", "SESSION"]), Reply::Int(_)));
+    assert!(matches!(
+        owner.call(&["LOCK.ACQUIRE", "k", "s", "60000", "SESSION"]),
+        Reply::Int(_)
+    ));
     primary.sync_replicas(1);
     let mut r = replica.conn();
     assert_eq!(state_of(&mut r, "k"), "held");
@@ -298,7 +361,10 @@ fn session_release_is_replicated() {
     });
     primary.sync_replicas(1);
     assert_eq!(state_of(&mut r, "k"), "free");
-    assert_eq!(digest_value(&mut r, "k"), digest_value(&mut primary.conn(), "k"));
+    assert_eq!(
+        digest_value(&mut r, "k"),
+        digest_value(&mut primary.conn(), "k")
+    );
 }
 
 #[test]
@@ -313,7 +379,10 @@ fn grants_to_waiters_are_replicated_as_effects() {
     let fence = granted(&mut w);
     primary.sync_replicas(1);
     let mut r = replica.conn();
-    assert_eq!(r.call(&["LOCK.FENCE", "k", &fence.to_string()]), Reply::Int(1));
+    assert_eq!(
+        r.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
     assert_eq!(digest_value(&mut r, "k"), digest_value(&mut c, "k"));
 }
 
@@ -374,8 +443,14 @@ fn lock_wait_on_a_replica_ends_with_the_primarys_release() {
 fn bad_wait_arguments_are_refused() {
     let server = Server::start();
     let mut c = server.conn();
-    assert_eq!(c.call(&["LOCK.WAIT", "k", "-1"]), Reply::error("ERR invalid timeout-ms: must not be negative"));
-    assert_eq!(c.call(&["LOCK.WAIT", "k", "x"]), Reply::error("ERR invalid timeout-ms: not an integer"));
+    assert_eq!(
+        c.call(&["LOCK.WAIT", "k", "-1"]),
+        Reply::error("ERR invalid timeout-ms: must not be negative")
+    );
+    assert_eq!(
+        c.call(&["LOCK.WAIT", "k", "x"]),
+        Reply::error("ERR invalid timeout-ms: not an integer")
+    );
     assert_eq!(
         c.call(&["LOCK.WAIT", "k"]),
         Reply::error("ERR wrong number of arguments for 'lock.wait' command")
@@ -422,12 +497,16 @@ fn mutual_exclusion_under_contention() {
                 let mut c = Conn::connect(port, PATIENCE).expect("connect");
                 let token = format!("worker-{i}");
                 for _ in 0..ROUNDS {
-                    let fence = match c.call(&["LOCK.ACQUIRE", "lock", &token, "10000", "WAIT", "0"]) {
-                        Reply::Int(f) => f,
-                        other => panic!("{other:?}"),
-                    };
+                    let fence =
+                        match c.call(&["LOCK.ACQUIRE", "lock", &token, "10000", "WAIT", "0"]) {
+                            Reply::Int(f) => f,
+                            other => panic!("{other:?}"),
+                        };
                     let value: i64 = c.call(&["GET", "counter"]).text().parse().expect("number");
-                    assert_eq!(c.call(&["SET", "counter", &(value + 1).to_string()]), Reply::status("OK"));
+                    assert_eq!(
+                        c.call(&["SET", "counter", &(value + 1).to_string()]),
+                        Reply::status("OK")
+                    );
                     grants.lock().expect("grants").push((value, fence));
                     assert_eq!(c.call(&["LOCK.RELEASE", "lock", &token]), Reply::Int(1));
                 }
@@ -448,7 +527,10 @@ fn mutual_exclusion_under_contention() {
         assert!(pair[1].1 > pair[0].1, "fences in grant order: {pair:?}");
     }
     // The gate's grant plus the workers': not one went to a quitter.
-    assert_eq!(server.info_int("lock_acquired"), 1 + (CLIENTS * ROUNDS) as i64);
+    assert_eq!(
+        server.info_int("lock_acquired"),
+        1 + (CLIENTS * ROUNDS) as i64
+    );
     assert_eq!(state_of(&mut c, "lock"), "free");
     assert_eq!(server.info_int("lock_waiters"), 0);
 }

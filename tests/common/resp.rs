@@ -68,7 +68,9 @@ impl Reply {
             Reply::Array(v) | Reply::Set(v) | Reply::Push(v) => {
                 v.iter().any(|r| r.contains_bytes(needle))
             }
-            Reply::Map(m) => m.iter().any(|(k, v)| k.contains_bytes(needle) || v.contains_bytes(needle)),
+            Reply::Map(m) => m
+                .iter()
+                .any(|(k, v)| k.contains_bytes(needle) || v.contains_bytes(needle)),
             Reply::Int(_) | Reply::Nil | Reply::Bool(_) => false,
         }
     }
@@ -86,11 +88,16 @@ impl Conn {
         stream.set_write_timeout(Some(timeout))?;
         stream.set_nodelay(true)?;
         let writer = stream.try_clone()?;
-        Ok(Conn { reader: BufReader::new(stream), writer })
+        Ok(Conn {
+            reader: BufReader::new(stream),
+            writer,
+        })
     }
 
     pub fn set_timeout(&self, timeout: Duration) {
-        self.writer.set_read_timeout(Some(timeout)).expect("set read timeout");
+        self.writer
+            .set_read_timeout(Some(timeout))
+            .expect("set read timeout");
     }
 
     pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) {
@@ -118,7 +125,10 @@ impl Conn {
     pub fn try_read(&mut self) -> std::io::Result<Reply> {
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
         }
         let line = line.trim_end_matches("\r\n");
         let (kind, rest) = line.split_at(1);
@@ -150,7 +160,9 @@ impl Conn {
                 if len < 0 {
                     Reply::Nil
                 } else {
-                    let items = (0..len).map(|_| self.try_read()).collect::<Result<Vec<_>, _>>()?;
+                    let items = (0..len)
+                        .map(|_| self.try_read())
+                        .collect::<Result<Vec<_>, _>>()?;
                     match kind {
                         "*" => Reply::Array(items),
                         "~" => Reply::Set(items),
