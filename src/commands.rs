@@ -157,7 +157,7 @@ fn change(
     let before = deadline(stored.lock());
     let event = stored.update(change)?;
     replication::propagate(ctx, key, event, stored.lock(), before);
-    if matches!(event, Event::Release | Event::Expired | Event::ForceRelease) {
+    if event.frees() {
         sessions::forget(&key_ref(ctx, key));
         hand_over(ctx, key, stored, now);
     }
@@ -399,7 +399,13 @@ pub fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
             let mut released = None;
             change(ctx, key_name, stored, now, |lock| {
                 released = lock.release(token, now);
-                released.map(|free| if free { Event::Release } else { Event::Sync })
+                released.map(|free| {
+                    if free {
+                        Event::Release
+                    } else {
+                        Event::DropHold
+                    }
+                })
             });
             released
         }
@@ -535,7 +541,7 @@ pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return Err(LockError::WrongArity);
     };
     if !replayed(ctx) {
-        return Err(LockError::InternalCommand);
+        return Err(LockError::InternalCommand("LOCK.APPLY"));
     }
     redact(ctx, 5);
     let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
@@ -564,11 +570,28 @@ pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
+/// `LOCK.FLOOR n`: raises the fence floor (from the AOF or the primary). Refused from clients.
+pub fn floor(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, floor] = args else {
+        return Err(LockError::WrongArity);
+    };
+    if !replayed(ctx) {
+        return Err(LockError::InternalCommand("LOCK.FLOOR"));
+    }
+    let floor = integer(floor)
+        .and_then(|f| u64::try_from(f).ok())
+        .ok_or(LockError::BadEffect("floor"))?;
+    crate::datatype::raise_fence_floor(floor);
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
 /// Replicas count what their primary did, so INFO reads alike on both.
 fn count_applied(event: Event) {
     match event {
         Event::Acquire => metrics::ACQUIRED.incr(),
-        Event::Release => metrics::RELEASED.incr(),
+        Event::Release | Event::DropHold => metrics::RELEASED.incr(),
+        Event::SessionEnd => metrics::SESSION_RELEASED.incr(),
         Event::Renew => metrics::RENEWED.incr(),
         Event::Expired => metrics::EXPIRED.incr(),
         Event::ForceRelease => metrics::FORCED.incr(),
@@ -678,7 +701,7 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64
     if let Ok(Some(stored)) = stored_mut(&key) {
         expire_overdue(ctx, key_name, stored, now);
         let ended = change(ctx, key_name, stored, now, |lock| {
-            lock.end_session(token, now).then_some(Event::Release)
+            lock.end_session(token, now).then_some(Event::SessionEnd)
         });
         if ended.is_some() {
             metrics::SESSION_RELEASED.incr();
@@ -691,5 +714,15 @@ fn wake_watchers(ctx: &Context, key_name: &RedisString, lock: &Lock, now: u64) {
     let current = lock.live_holder(now).map(|_| lock.fence);
     for watcher in waiting::take_watchers(&key_ref(ctx, key_name), current) {
         waiting::deliver(&watcher, Wake::Freed);
+    }
+}
+
+/// Wakes the watchers of `key` whose wait is over, without changing anything (replicas).
+pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
+    let key = ctx.open_key(key_name);
+    match stored(&key) {
+        Ok(Some(stored)) => wake_watchers(ctx, key_name, stored.lock(), now),
+        Ok(None) => wake_watchers(ctx, key_name, &Lock::default(), now),
+        Err(_) => {}
     }
 }

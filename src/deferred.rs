@@ -60,18 +60,24 @@ pub fn run(ctx: &Context) {
         p.armed = false;
         std::mem::take(&mut p.jobs)
     };
-    if !ctx.get_flags().contains(redis_module::ContextFlags::MASTER) {
-        return;
-    }
+    let primary = ctx.get_flags().contains(redis_module::ContextFlags::MASTER);
     let original_db = replication::selected_db(ctx);
     let now = commands::now_ms();
     for job in jobs {
         match job {
             Job::SettleKey((db, key)) => {
                 if replication::select_db(ctx, db) {
-                    commands::settle_key(ctx, &ctx.create_string(key), now);
+                    let name = ctx.create_string(key);
+                    if primary {
+                        commands::settle_key(ctx, &name, now);
+                    } else {
+                        // Replicas only have LOCK.WAIT watchers, and never write.
+                        commands::wake_watchers_of(ctx, &name, now);
+                    }
                 }
             }
+            // Sessions end only on the primary; a replica's sessions died with its role.
+            Job::SessionLost(_) if !primary => {}
             Job::SessionLost(client) => {
                 for ((db, key), token) in sessions::disconnected(client) {
                     if replication::select_db(ctx, db) {

@@ -32,8 +32,8 @@ pub enum LockError {
     TooManyWaiters {
         max: i64,
     },
-    /// LOCK.APPLY sent by a client instead of the replication link or AOF.
-    InternalCommand,
+    /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
+    InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
     BadEffect(&'static str),
     /// A bug caught at the panic boundary.
@@ -61,10 +61,9 @@ impl LockError {
             LockError::TooManyWaiters { max } => {
                 format!("ERR too many waiters on this lock (lock.max-waiters is {max})")
             }
-            LockError::InternalCommand => {
-                "ERR LOCK.APPLY is internal: only the replication link and AOF loading may send it"
-                    .into()
-            }
+            LockError::InternalCommand(name) => format!(
+                "ERR {name} is internal: only the replication link and AOF loading may send it"
+            ),
             LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
             LockError::Internal => {
                 "ERR internal error in the lock module; details are in the server log".into()

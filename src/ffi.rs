@@ -193,7 +193,8 @@ pub struct CommandDef {
     ) -> c_int,
     pub flags: &'static CStr,
     pub arity: c_int,
-    pub key: KeyAccess,
+    /// How the command touches its key (always the first argument), if it has one.
+    pub key: Option<KeyAccess>,
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub args: &'static [ArgDef],
@@ -216,14 +217,15 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
     // SAFETY: valid context and NUL-terminated static strings; Redis copies what it keeps.
     unsafe {
         let create = raw::RedisModule_CreateCommand.ok_or("no CreateCommand")?;
+        let first_key = c_int::from(def.key.is_some());
         if create(
             ctx.ctx,
             def.name.as_ptr(),
             Some(def.callback),
             def.flags.as_ptr(),
-            1,
-            1,
-            1,
+            first_key,
+            first_key,
+            first_key,
         ) == ERR
         {
             return Err(format!("cannot create command {name}"));
@@ -236,7 +238,7 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
         let mut key_specs = [
             raw::RedisModuleCommandKeySpec {
                 notes: ptr::null(),
-                flags: def.key.flags(),
+                flags: def.key.map_or(0, KeyAccess::flags),
                 begin_search_type:
                     raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
                 bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
@@ -253,6 +255,9 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
             },
             zeroed_key_spec(),
         ];
+        if def.key.is_none() {
+            key_specs[0] = zeroed_key_spec();
+        }
         let mut args: Vec<raw::RedisModuleCommandArg> =
             def.args.iter().map(|a| a.to_raw()).collect();
         args.push(zeroed_arg());
@@ -328,6 +333,7 @@ command_entry!(cmd_info, commands::info);
 command_entry!(cmd_force_release, commands::force_release);
 command_entry!(cmd_apply, commands::apply);
 command_entry!(cmd_wait, commands::wait);
+command_entry!(cmd_floor, commands::floor);
 
 // ---------------------------------------------------------------------------------------------
 // Blocked clients
@@ -820,6 +826,7 @@ pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
             raw::REDISMODULE_EVENT_FLUSHDB,
             raw::REDISMODULE_EVENT_SWAPDB,
             raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+            raw::REDISMODULE_EVENT_FORK_CHILD,
         ] {
             let event = raw::RedisModuleEvent { id, dataver: 1 };
             if subscribe(ctx.ctx, event, Some(server_event)) == ERR {
@@ -865,6 +872,14 @@ unsafe extern "C" fn server_event(
                 expiry::rebuild(&context);
                 settle_waiters_in(&context, None);
             }
+            // A child was just forked; when it rewrites the AOF, the parent's writes from now on
+            // go to the new incremental file, which will sit beside the rewritten base: record
+            // the fence floor there (a base without RDB preamble has nowhere to keep it).
+            raw::REDISMODULE_EVENT_FORK_CHILD
+                if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN =>
+            {
+                crate::replication::record_floor(&context);
+            }
             raw::REDISMODULE_EVENT_CLIENT_CHANGE
                 if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED
                     && !data.is_null() =>
@@ -895,9 +910,18 @@ unsafe extern "C" fn keyspace_event(
         if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
             expiry::index_key(&context, name);
         }
+        // The key left (or another value took its name): its waiters may proceed.
         if matches!(
             event,
-            b"del" | b"expired" | b"evicted" | b"rename_from" | b"move_from"
+            b"del"
+                | b"expired"
+                | b"evicted"
+                | b"rename_from"
+                | b"move_from"
+                | b"rename_to"
+                | b"move_to"
+                | b"copy_to"
+                | b"restore"
         ) {
             let place = (crate::replication::selected_db(&context), name.into());
             if waiting::waiting_on(&place) > 0 {

@@ -16,12 +16,16 @@ use crate::expiry;
 /// The name of the internal effect command.
 pub const APPLY: &str = "LOCK.APPLY";
 
-/// What happened to a lock. Each has a keyspace event except `Sync`, which restates a lock
-/// without announcing anything (AOF rewrite, a release that only dropped one reentrant hold).
+/// What happened to a lock. Replicas count the same events as their primary, so each kind of
+/// change has its own word; `Sync` restates a lock without announcing anything (AOF rewrite).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     Acquire,
     Release,
+    /// A release that dropped one of several reentrant holds: the lock stays held.
+    DropHold,
+    /// The connection that owned a session lock closed.
+    SessionEnd,
     Renew,
     Expired,
     ForceRelease,
@@ -29,19 +33,31 @@ pub enum Event {
 }
 
 impl Event {
-    const ALL: [Event; 6] = [
+    const ALL: [Event; 8] = [
         Event::Acquire,
         Event::Release,
+        Event::DropHold,
+        Event::SessionEnd,
         Event::Renew,
         Event::Expired,
         Event::ForceRelease,
         Event::Sync,
     ];
 
+    /// True when the change left the lock free.
+    pub fn frees(self) -> bool {
+        matches!(
+            self,
+            Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease
+        )
+    }
+
     pub fn word(self) -> &'static str {
         match self {
             Event::Acquire => "acquire",
             Event::Release => "release",
+            Event::DropHold => "drophold",
+            Event::SessionEnd => "sessionend",
             Event::Renew => "renew",
             Event::Expired => "expired",
             Event::ForceRelease => "forcerelease",
@@ -53,11 +69,11 @@ impl Event {
     pub fn notification(self) -> Option<&'static str> {
         match self {
             Event::Acquire => Some("lock.acquire"),
-            Event::Release => Some("lock.release"),
+            Event::Release | Event::SessionEnd => Some("lock.release"),
             Event::Renew => Some("lock.renew"),
             Event::Expired => Some("lock.expired"),
             Event::ForceRelease => Some("lock.forcerelease"),
-            Event::Sync => None,
+            Event::DropHold | Event::Sync => None,
         }
     }
 
@@ -192,6 +208,18 @@ pub fn propagate(
     all.push(key.as_slice());
     all.extend(args.iter().map(Vec::as_slice));
     ctx.replicate(APPLY, all.as_slice());
+}
+
+/// The name of the internal floor command.
+pub const FLOOR: &str = "LOCK.FLOOR";
+
+/// Writes the fence floor to the AOF (and replicas) as `LOCK.FLOOR n`, on a primary that has
+/// issued fences.
+pub fn record_floor(ctx: &Context) {
+    let floor = fence_floor();
+    if floor > 0 && ctx.get_flags().contains(redis_module::ContextFlags::MASTER) {
+        ctx.replicate(FLOOR, &[floor.to_string().as_bytes()]);
+    }
 }
 
 /// Raises the fence floor for an applied effect.

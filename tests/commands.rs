@@ -381,6 +381,14 @@ fn apply_is_refused_from_clients() {
         )
     );
     assert_eq!(c.call(&["EXISTS", "k"]), Reply::Int(0));
+    assert_eq!(
+        c.call(&["LOCK.FLOOR", "9000000000000000000"]),
+        Reply::error(
+            "ERR LOCK.FLOOR is internal: only the replication link and AOF loading may send it"
+        )
+    );
+    let fence = acquire(&mut c, "k", "t", 1000);
+    assert!(fence < 9_000_000_000_000_000_000, "{fence}");
 }
 
 #[test]

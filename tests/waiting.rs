@@ -542,3 +542,35 @@ fn queue_waiter_ttl(server: &Server, key: &str, token: &str, ttl: u64) -> Conn {
     wait_blocked(server, before + 1);
     conn
 }
+
+#[test]
+fn a_free_lock_renamed_onto_a_waited_key_goes_to_the_head_waiter() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let held = acquire(&mut c, "k", "a", 10_000);
+    let src = acquire(&mut c, "src", "s", 10_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", "src", "s"]), Reply::Int(1));
+    let mut w = queue_waiter(&server, "k", "w", 0);
+    assert_eq!(c.call(&["RENAME", "src", "k"]), Reply::status("OK"));
+    let fence = granted(&mut w);
+    assert!(fence > held && fence > src);
+    assert_eq!(
+        c.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
+}
+
+#[test]
+fn lock_wait_on_a_replica_ends_when_the_primary_deletes_the_key() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut c = primary.conn();
+    acquire(&mut c, "k", "a", 10_000);
+    primary.sync_replicas(1);
+    let mut watcher = replica.conn();
+    watcher.send(&["LOCK.WAIT", "k", "0"]);
+    wait_blocked(&replica, 1);
+    assert_eq!(c.call(&["DEL", "k"]), Reply::Int(1));
+    assert_eq!(watcher.read(), Reply::Int(1));
+}

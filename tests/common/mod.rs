@@ -29,7 +29,11 @@ pub fn module_path() -> PathBuf {
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = root.join("target/debug/libredis_lock.so");
-    assert!(path.exists(), "{} is missing: run `cargo build` (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build` (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -67,6 +71,8 @@ impl Default for Config {
                 ("save".into(), "".into()),
                 ("appendonly".into(), "no".into()),
                 ("enable-debug-command".into(), "yes".into()),
+                // Replicas sync at once instead of after the default 5 s grace.
+                ("repl-diskless-sync-delay".into(), "0".into()),
             ],
             module_args: Vec::new(),
             load_module: true,
@@ -103,7 +109,12 @@ impl Server {
 
     pub fn start_with(config: Config) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut server = Server { child: None, port: 0, config, dir };
+        let mut server = Server {
+            child: None,
+            port: 0,
+            config,
+            dir,
+        };
         server.launch();
         server
     }
@@ -128,8 +139,12 @@ impl Server {
                 cmd.arg("--loadmodule").arg(module_path());
                 cmd.args(&self.config.module_args);
             }
-            cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-            let mut child = cmd.spawn().expect("spawn redis-server (install it or set REDIS_SERVER)");
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = cmd
+                .spawn()
+                .expect("spawn redis-server (install it or set REDIS_SERVER)");
             let start = Instant::now();
             let ready = loop {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -228,12 +243,18 @@ impl Server {
     /// One field of INFO, as text.
     pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
         let info = self.conn().call(&["INFO", section]).text();
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")).map(|v| v.trim().to_string()))
+        info.lines().find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_string())
+        })
     }
 
     pub fn info_int(&self, field: &str) -> i64 {
-        let section = if field.starts_with("lock_") { "lock" } else { "everything" };
+        let section = if field.starts_with("lock_") {
+            "lock"
+        } else {
+            "everything"
+        };
         self.info_field(section, field)
             .unwrap_or_else(|| panic!("no INFO field {field}"))
             .parse()
@@ -242,17 +263,25 @@ impl Server {
 
     /// Makes this server a replica of `primary` and waits until the link is up and synced.
     pub fn replicate_from(&self, primary: &Server) {
-        let reply = self.conn().call(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
+        let reply = self
+            .conn()
+            .call(&["REPLICAOF", "127.0.0.1", &primary.port.to_string()]);
         assert_eq!(reply, Reply::status("OK"));
         wait_for("replica link up", || {
-            (self.info_field("replication", "master_link_status").as_deref() == Some("up"))
-                .then_some(())
+            (self
+                .info_field("replication", "master_link_status")
+                .as_deref()
+                == Some("up"))
+            .then_some(())
         });
     }
 
     /// Waits until every replica of this primary acknowledged all writes so far.
     pub fn sync_replicas(&self, count: i64) {
-        let acked = self.conn().call(&["WAIT", &count.to_string(), "10000"]).int();
+        let mut conn = self.conn();
+        // WAIT waits for the offset of this connection's last command: make that "now".
+        assert_eq!(conn.call(&["PING"]), Reply::status("PONG"));
+        let acked = conn.call(&["WAIT", &count.to_string(), "10000"]).int();
         assert_eq!(acked, count, "replicas acknowledged");
     }
 }
@@ -339,4 +368,204 @@ pub fn next_event(sub: &mut Conn) -> String {
     let items = message.items();
     assert_eq!(items[0], Reply::bulk("message"), "{message:?}");
     items[2].text()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crafted DUMP payloads of the lock type (for RESTORE): fences far ahead of the clock, and
+// corrupted values whose checksum is still right so they reach the module's loader.
+
+/// Redis' CRC-64 (Jones polynomial, reflected), the checksum at the end of a DUMP payload.
+pub fn crc64(data: &[u8]) -> u64 {
+    let mut crc: u64 = 0;
+    for &byte in data {
+        crc ^= u64::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+/// RDB length encoding.
+pub fn rdb_len(value: u64) -> Vec<u8> {
+    if value < 1 << 6 {
+        vec![value as u8]
+    } else if value < 1 << 14 {
+        vec![0x40 | (value >> 8) as u8, value as u8]
+    } else if value <= u64::from(u32::MAX) {
+        let mut out = vec![0x80];
+        out.extend_from_slice(&(value as u32).to_be_bytes());
+        out
+    } else {
+        let mut out = vec![0x81];
+        out.extend_from_slice(&value.to_be_bytes());
+        out
+    }
+}
+
+/// Decodes an RDB length at the start of `bytes`: (value, bytes used).
+pub fn rdb_len_decode(bytes: &[u8]) -> (u64, usize) {
+    match bytes[0] >> 6 {
+        0 => (u64::from(bytes[0] & 0x3f), 1),
+        1 => ((u64::from(bytes[0] & 0x3f) << 8) | u64::from(bytes[1]), 2),
+        _ if bytes[0] == 0x80 => (
+            u64::from(u32::from_be_bytes(bytes[1..5].try_into().unwrap())),
+            5,
+        ),
+        _ if bytes[0] == 0x81 => (u64::from_be_bytes(bytes[1..9].try_into().unwrap()), 9),
+        _ => panic!("not an RDB length: {:02x}", bytes[0]),
+    }
+}
+
+/// A module-value field: an unsigned integer (RDB_MODULE_OPCODE_UINT).
+pub fn rdb_uint(value: u64) -> Vec<u8> {
+    let mut out = vec![2];
+    out.extend(rdb_len(value));
+    out
+}
+
+/// A module-value field: a string buffer (RDB_MODULE_OPCODE_STRING).
+pub fn rdb_string(value: &[u8]) -> Vec<u8> {
+    let mut out = vec![5];
+    out.extend(rdb_len(value.len() as u64));
+    out.extend_from_slice(value);
+    out
+}
+
+/// Module fields of a free lock (tombstone), with the EOF marker.
+pub fn tombstone_fields(fence: u64) -> Vec<u8> {
+    let mut out = rdb_uint(fence);
+    out.extend(rdb_uint(0));
+    out.push(0);
+    out
+}
+
+/// Module fields of a held lock, with the EOF marker.
+pub fn held_fields(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u64) -> Vec<u8> {
+    let mut out = rdb_uint(fence);
+    out.extend(rdb_uint(1));
+    out.extend(rdb_string(token));
+    out.extend(rdb_uint(deadline));
+    out.extend(rdb_uint(holds));
+    out.extend(rdb_uint(flags));
+    out.push(0);
+    out
+}
+
+/// How this server frames a lock value in DUMP: the module type id (with the encoding version in
+/// its low 10 bits) and the RDB version of the footer. Learnt from a real DUMP and checked by
+/// rebuilding that DUMP byte for byte.
+#[derive(Clone, Copy, Debug)]
+pub struct LockDumpFormat {
+    pub module_id: u64,
+    pub rdb_version: [u8; 2],
+}
+
+impl LockDumpFormat {
+    pub fn learn(conn: &mut Conn) -> LockDumpFormat {
+        let scratch = "__lock_dump_format__";
+        acquire(conn, scratch, "scratch-token", 60_000);
+        assert_eq!(
+            conn.call(&["LOCK.RELEASE", scratch, "scratch-token"]),
+            Reply::Int(1)
+        );
+        let fence = fence_of(conn, scratch) as u64;
+        let Reply::Bulk(dump) = conn.call(&["DUMP", scratch]) else {
+            panic!("DUMP of a lock")
+        };
+        assert_eq!(conn.call(&["DEL", scratch]), Reply::Int(1));
+        assert_eq!(
+            dump[0], 7,
+            "DUMP of a lock starts with RDB_TYPE_MODULE_2: {dump:?}"
+        );
+        let (module_id, _) = rdb_len_decode(&dump[1..]);
+        let n = dump.len();
+        let format = LockDumpFormat {
+            module_id,
+            rdb_version: [dump[n - 10], dump[n - 9]],
+        };
+        assert_eq!(module_id & 1023, 1, "encoding version 1");
+        assert_eq!(
+            format.payload(&tombstone_fields(fence)),
+            dump,
+            "crafted DUMP matches the real one"
+        );
+        format
+    }
+
+    /// A DUMP payload of the lock type with these module fields (EOF marker included by the
+    /// caller) and a correct checksum.
+    pub fn payload(&self, fields: &[u8]) -> Vec<u8> {
+        self.payload_with_id(self.module_id, fields)
+    }
+
+    pub fn payload_with_id(&self, module_id: u64, fields: &[u8]) -> Vec<u8> {
+        let mut out = vec![7];
+        out.extend(rdb_len(module_id));
+        out.extend_from_slice(fields);
+        out.extend_from_slice(&self.rdb_version);
+        let crc = crc64(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+}
+
+/// `RESTORE key 0 payload`.
+pub fn restore(conn: &mut Conn, key: &str, payload: &[u8]) -> Reply {
+    conn.call(&[&b"RESTORE"[..], key.as_bytes(), b"0", payload])
+}
+
+/// Stores under `key` a free lock whose last fence is `fence`, however far ahead of the clock.
+pub fn plant_fence(conn: &mut Conn, key: &str, fence: u64) {
+    let format = LockDumpFormat::learn(conn);
+    assert_eq!(
+        restore(conn, key, &format.payload(&tombstone_fields(fence))),
+        Reply::status("OK")
+    );
+    assert_eq!(fence_of(conn, key), fence as i64);
+    assert_eq!(state_of(conn, key), "free");
+}
+
+/// A fence about ten days ahead of what the server's clock term gives now: only the fence floor
+/// can make a later grant exceed it.
+pub fn fence_far_ahead(conn: &mut Conn) -> u64 {
+    let probe = "__fence_probe__";
+    let now_fence = acquire(conn, probe, "probe-token", 60_000) as u64;
+    assert_eq!(conn.call(&["DEL", probe]), Reply::Int(1));
+    now_fence + (1 << 40)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// Waits until `replica` has processed everything `primary` wrote so far (its processed
+/// replication offset reaches the primary's offset). Unlike `Server::sync_replicas`, this does
+/// not depend on which connection made the writes: WAIT on a fresh connection has nothing to
+/// wait for (its own write offset is 0) and returns at once.
+pub fn wait_replica_caught_up(primary: &Server, replica: &Server) {
+    let offset = |server: &Server, field: &str| -> i64 {
+        server
+            .info_field("replication", field)
+            .unwrap_or_else(|| panic!("no INFO replication field {field}"))
+            .parse()
+            .expect("integer offset")
+    };
+    let target = offset(primary, "master_repl_offset");
+    wait_for("replica caught up with the primary", || {
+        (replica
+            .info_field("replication", "master_link_status")
+            .as_deref()
+            == Some("up")
+            && offset(replica, "slave_repl_offset") >= target)
+            .then_some(())
+    });
 }
