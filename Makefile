@@ -1,0 +1,112 @@
+# The lock module for Redis. `make` lists the targets; every target with a `## text` comment
+# shows up there.
+
+.DEFAULT_GOAL := help
+.PHONY: help deps build release debug run test lint bench clean
+
+CARGO        ?= cargo
+# The server for `make run` and for the integration tests (they read REDIS_SERVER too).
+REDIS_SERVER ?= redis-server
+# Port for `make run`.
+PORT         ?= 6379
+# Module arguments for `make run`, e.g. MODULE_ARGS="max-ttl 60000".
+MODULE_ARGS  ?=
+# Test name filter for `make test`, e.g. TEST=fence.
+TEST         ?=
+
+LIB_EXT        := $(if $(filter Darwin,$(shell uname -s)),dylib,so)
+RELEASE_MODULE := target/release/libredis_lock.$(LIB_EXT)
+DEBUG_MODULE   := target/debug/libredis_lock.$(LIB_EXT)
+
+# The tests look for target/debug/libredis_lock.so unless LOCK_MODULE says otherwise.
+ifeq ($(LIB_EXT),dylib)
+export LOCK_MODULE ?= $(CURDIR)/$(DEBUG_MODULE)
+endif
+
+# Where bindgen (run by the redis-module crate's build script) usually finds libclang. The
+# unversioned libclang*.so link comes with the -dev package; LIBCLANG_PATH takes precedence.
+LIBCLANG_CANDIDATES := /usr/lib/llvm-*/lib/libclang*.so /usr/lib/*-linux-gnu/libclang*.so \
+	/usr/lib64/libclang*.so /usr/lib64/llvm*/lib/libclang*.so /usr/lib/libclang*.so \
+	/usr/local/lib/libclang*.so /opt/homebrew/opt/llvm/lib/libclang.dylib \
+	/usr/local/opt/llvm/lib/libclang.dylib /Library/Developer/CommandLineTools/usr/lib/libclang.dylib
+
+# Shell snippet: prints the first libclang found, fails when there is none.
+FIND_LIBCLANG := for f in $${LIBCLANG_PATH:+$$LIBCLANG_PATH $$LIBCLANG_PATH/libclang*.so* \
+	$$LIBCLANG_PATH/libclang*.dylib} $(LIBCLANG_CANDIDATES); do \
+	case "$$f" in *libclang-cpp*) continue ;; esac; \
+	if [ -f "$$f" ]; then echo "$$f"; exit 0; fi; done; exit 1
+
+# Shell snippet: sets $$missing to what is not installed (empty when all is there).
+CHECK_DEPS := missing=; \
+	command -v "$(REDIS_SERVER)" >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	( $(FIND_LIBCLANG) ) >/dev/null || missing="$$missing libclang"
+
+# The Debian package's service writes this pid file when it runs.
+DEBIAN_REDIS_PIDFILE := /run/redis/redis-server.pid
+
+help: ## Show this list (the default target)
+	@echo "Usage: make <target> [PORT=6379] [MODULE_ARGS=\"max-ttl 60000\"] [TEST=filter]"
+	@echo
+	@awk -F ':.*## ' '/^[a-z][a-zA-Z_-]*:.*## / { printf "  %-6s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@echo
+	@echo "Environment: REDIS_SERVER (default redis-server from PATH), LOCK_MODULE (module the"
+	@echo "tests load, default $(DEBUG_MODULE)), LIBCLANG_PATH (where bindgen finds libclang)."
+
+# On Debian/Ubuntu as root this installs what is missing. If that install starts the packaged
+# redis-server service (on port 6379, which `make run` uses), it is stopped again; a service
+# that was already running is left alone.
+deps: ## Check for redis-server and libclang; on Debian/Ubuntu as root, apt-get install them
+	@$(CHECK_DEPS); \
+	[ -n "$$missing" ] || exit 0; \
+	echo "deps: missing:$$missing"; \
+	if [ -f /etc/debian_version ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		service_was_up=no; \
+		[ -s $(DEBIAN_REDIS_PIDFILE) ] && kill -0 "$$(cat $(DEBIAN_REDIS_PIDFILE))" 2>/dev/null && service_was_up=yes; \
+		echo "deps: apt-get install -y redis-server redis-tools libclang-dev"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update && apt-get install -y redis-server redis-tools libclang-dev || exit 1; \
+		if [ $$service_was_up = no ] && [ -s $(DEBIAN_REDIS_PIDFILE) ] \
+			&& kill -0 "$$(cat $(DEBIAN_REDIS_PIDFILE))" 2>/dev/null; then \
+			echo "deps: stopping the redis-server service the install started (it holds port 6379)"; \
+			if [ -d /run/systemd/system ]; then systemctl stop redis-server; \
+			else invoke-rc.d redis-server stop || service redis-server stop; fi; \
+		fi; \
+		$(CHECK_DEPS); \
+		[ -n "$$missing" ] || exit 0; \
+		echo "deps: still missing after apt-get install:$$missing"; exit 1; \
+	fi; \
+	echo "Install these packages, then run make again:"; \
+	echo "  Debian/Ubuntu:  sudo apt-get install redis-server redis-tools libclang-dev"; \
+	echo "  Fedora:         sudo dnf install redis clang-devel"; \
+	echo "  macOS (brew):   brew install redis llvm"; \
+	echo "Or point REDIS_SERVER at a redis-server binary and LIBCLANG_PATH at libclang's directory."; \
+	exit 1
+
+build: release debug ## Build the module: release (for make run) and debug (for make test)
+
+release: deps
+	$(CARGO) build --release
+
+debug: deps
+	$(CARGO) build
+
+run: release ## Build, then run redis-server in the foreground with the module on PORT (Ctrl-C stops)
+	@mkdir -p data
+	@if command -v redis-cli >/dev/null 2>&1 && redis-cli -p $(PORT) ping >/dev/null 2>&1; then \
+		echo "Port $(PORT) is taken (a system Redis?). Use another one: make run PORT=6380"; exit 1; fi
+	@echo "Lock module on 127.0.0.1:$(PORT), data in ./data. Connect with: redis-cli -p $(PORT)"
+	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) \
+		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
+
+test: debug ## Build the debug module, then run unit and integration tests (they spawn redis-server)
+	$(CARGO) test $(TEST)
+
+lint: deps ## Check formatting (cargo fmt) and lints (cargo clippy, warnings are errors)
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+bench: release ## Benchmarks against a baseline measured in the same run (release build)
+	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example handoff
+
+clean: ## Remove build output (target/); ./data, the Redis files of make run, is kept
+	$(CARGO) clean
