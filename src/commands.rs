@@ -86,6 +86,23 @@ fn limit_name(limit: &config::NumericConfig) -> &'static str {
     }
 }
 
+/// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
+/// arithmetic would overflow. 0 means no limit.
+const MAX_TIMEOUT_MS: i64 = 1 << 45;
+
+/// A wait timeout in ms: 0 (no limit) or a positive integer.
+fn timeout_arg(arg: &RedisString) -> Result<u64, LockError> {
+    let bad = |detail| LockError::BadInteger {
+        name: "timeout-ms",
+        detail,
+    };
+    let value = integer(arg).ok_or(bad("not an integer"))?;
+    if value > MAX_TIMEOUT_MS {
+        return Err(bad("too large"));
+    }
+    u64::try_from(value).map_err(|_| bad("must not be negative"))
+}
+
 fn ttl_arg(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
     let limit = (!replayed(ctx)).then_some(&config::MAX_TTL);
     duration(arg, "ttl-ms", limit)
@@ -235,14 +252,7 @@ fn acquire_options(args: &[RedisString]) -> Result<AcquireOptions, LockError> {
                 name: "timeout-ms",
                 detail: "missing after WAIT",
             })?;
-            let value = integer(timeout).ok_or(LockError::BadInteger {
-                name: "timeout-ms",
-                detail: "not an integer",
-            })?;
-            let value = u64::try_from(value).map_err(|_| LockError::BadInteger {
-                name: "timeout-ms",
-                detail: "must not be negative",
-            })?;
+            let value = timeout_arg(timeout)?;
             options.wait = Some(value);
         } else if word.eq_ignore_ascii_case(b"REENTRANT") {
             if options.reentrant {
@@ -619,17 +629,7 @@ pub fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let [_, key_name, timeout] = args else {
         return Err(LockError::WrongArity);
     };
-    let timeout = integer(timeout)
-        .ok_or(LockError::BadInteger {
-            name: "timeout-ms",
-            detail: "not an integer",
-        })
-        .and_then(|t| {
-            u64::try_from(t).map_err(|_| LockError::BadInteger {
-                name: "timeout-ms",
-                detail: "must not be negative",
-            })
-        })?;
+    let timeout = timeout_arg(timeout)?;
     let now = now_ms();
     let key = ctx.open_key(key_name);
     let held = stored(&key)?.and_then(|s| s.lock().live_holder(now).map(|_| s.lock().fence));

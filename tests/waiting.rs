@@ -468,6 +468,27 @@ fn bad_wait_arguments_are_refused() {
         c.call(&["LOCK.ACQUIRE", "k", "t", "100", "SESSION", "SESSION"]),
         Reply::error("ERR option SESSION given more than once")
     );
+    acquire(&mut c, "held", "t", 10_000);
+    for args in [
+        vec![
+            "LOCK.ACQUIRE",
+            "held",
+            "u",
+            "100",
+            "WAIT",
+            "9223372036854775807",
+        ],
+        vec!["LOCK.WAIT", "held", "9223372036854775807"],
+        vec!["LOCK.ACQUIRE", "held", "u", "100", "WAIT", "35184372088833"],
+    ] {
+        assert_eq!(
+            c.call(&args),
+            Reply::error("ERR invalid timeout-ms: too large"),
+            "{args:?}"
+        );
+    }
+    assert_eq!(blocked(&server), 0);
+    c.call(&["DEL", "held"]);
     assert_eq!(c.call(&["EXISTS", "k"]), Reply::Int(0));
 }
 
