@@ -9,7 +9,7 @@ use crate::core::{Acquire, Lock};
 use crate::datatype::{fence_floor, Stored, LOCK_TYPE};
 use crate::error::LockError;
 use crate::replication::{self, Event};
-use crate::waiting::{self, KeyRef, Kind, Request, Tag, Waiter, Wake};
+use crate::waiting::{self, KeyRef, Kind, Request, Tag, Waiter};
 use crate::{ffi, metrics, sessions};
 
 pub type CommandResult = Result<RedisValue, LockError>;
@@ -181,45 +181,67 @@ fn change(
     Some(event)
 }
 
-/// Grants a free lock to the head of its queue (answering that client at once) and wakes the
-/// `LOCK.WAIT` watchers whose wait is over.
-fn hand_over(ctx: &Context, key_name: &RedisString, stored: &mut Stored, now: u64) {
-    let key = key_ref(ctx, key_name);
-    while !stored.lock().is_held(now) {
-        let Some(head) = waiting::pop_head(&key) else {
-            break;
-        };
-        let Kind::Acquire(request) = &head.kind else {
-            continue;
-        };
-        let mut outcome = Ok(Acquire::Busy);
-        change(ctx, key_name, stored, now, |lock| {
-            outcome = lock.acquire(
-                &request.token,
-                request.ttl,
-                request.reentrant,
-                request.session,
-                fence_floor(),
-                now,
-            );
-            matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
-        });
-        match outcome {
-            Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
-                if request.session {
-                    sessions::claim(key.clone(), request.client, &request.token);
-                }
-                metrics::ACQUIRED.incr();
-                waiting::deliver(&head, Wake::Granted(fence));
+/// After a change that freed the lock: lets Redis serve the queue (the head acquirer is granted
+/// the lock from its reply callback, right after the current command or callback) and wakes
+/// the `LOCK.WAIT` watchers whose wait is over.
+fn hand_over(ctx: &Context, key_name: &RedisString, stored: &Stored, now: u64) {
+    if !stored.lock().is_held(now) && waiting::has_acquirers(&key_ref(ctx, key_name)) {
+        waiting::signal_ready(ctx, key_name);
+    }
+    wake_watchers(ctx, key_name, stored.lock(), now);
+}
+
+/// The reply callback of a waiter whose key was signalled as ready: the head acquirer of a free
+/// lock gets it (and its fence as reply); a watcher whose wait is over gets 1. `None` keeps the
+/// client waiting.
+pub fn serve_waiter(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
+    let now = now_ms();
+    let key_name = ctx.create_string(&*tag.key.1);
+    let key = ctx.open_key_writable(&key_name);
+    let stored = match stored_mut(&key) {
+        Ok(Some(stored)) => stored,
+        // Another type took the name: keep waiting for it to become a lock again.
+        _ => return None,
+    };
+    if tag.watch {
+        let lock = stored.lock();
+        let waited_on = waiting::watched_fence(tag)?;
+        let over = lock
+            .live_holder(now)
+            .is_none_or(|_| lock.fence != waited_on);
+        return (over && waiting::remove(tag).is_some()).then_some(Ok(RedisValue::Integer(1)));
+    }
+    expire_overdue(ctx, &key_name, stored, now);
+    if stored.lock().is_held(now) || !waiting::is_head(&tag.key, tag.id) {
+        return None;
+    }
+    let head = waiting::remove(tag)?;
+    let Kind::Acquire(request) = &head.kind else {
+        return None;
+    };
+    let mut outcome = Ok(Acquire::Busy);
+    change(ctx, &key_name, stored, now, |lock| {
+        outcome = lock.acquire(
+            &request.token,
+            request.ttl,
+            request.reentrant,
+            request.session,
+            fence_floor(),
+            now,
+        );
+        matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
+    });
+    Some(match outcome {
+        Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
+            if request.session {
+                sessions::claim(tag.key.clone(), request.client, &request.token);
             }
-            Ok(Acquire::Busy) => break,
-            Err(_) => waiting::deliver(&head, Wake::FenceExhausted),
+            metrics::ACQUIRED.incr();
+            Ok(RedisValue::Integer(fence_reply(fence)))
         }
-    }
-    let current = stored.lock().live_holder(now).map(|_| stored.lock().fence);
-    for watcher in waiting::take_watchers(&key, current) {
-        waiting::deliver(&watcher, Wake::Freed);
-    }
+        Ok(Acquire::Busy) => Ok(RedisValue::Null),
+        Err(_) => Err(LockError::FenceExhausted),
+    })
 }
 
 /// Removes a holder whose lease already ran out, as the expiry timer would have.
@@ -646,15 +668,11 @@ pub fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
 }
 
-/// The timeout callback of a waiting client: either the module is delivering a wake (see
-/// `waiting::deliver`), or the wait timed out or was cancelled by `CLIENT UNBLOCK`.
+/// The timeout callback of a waiting client: a watcher the module woke (see
+/// `waiting::wake_watcher`), or a wait that timed out or was cancelled by `CLIENT UNBLOCK`.
 pub fn on_wait_ended(tag: &Tag) -> CommandResult {
-    if let Some(wake) = waiting::delivering(tag.id) {
-        return match wake {
-            Wake::Granted(fence) => Ok(RedisValue::Integer(fence_reply(fence))),
-            Wake::Freed => Ok(RedisValue::Integer(1)),
-            Wake::FenceExhausted => Err(LockError::FenceExhausted),
-        };
+    if waiting::take_woken(tag.id) {
+        return Ok(RedisValue::Integer(1));
     }
     waiting::remove(tag);
     if tag.watch {
@@ -676,20 +694,16 @@ pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
             hand_over(ctx, key_name, stored, now);
         }
         Ok(None) if waiting::has_acquirers(&place) => {
+            // A fresh lock for the queue: creating the key makes Redis serve its waiters.
             if key
                 .set_value(&LOCK_TYPE, Stored::new(Lock::default()))
                 .is_ok()
             {
-                if let Ok(Some(stored)) = stored_mut(&key) {
-                    hand_over(ctx, key_name, stored, now);
-                }
+                waiting::signal_ready(ctx, key_name);
             }
+            wake_watchers(ctx, key_name, &Lock::default(), now);
         }
-        Ok(None) => {
-            for watcher in waiting::take_watchers(&place, None) {
-                waiting::deliver(&watcher, Wake::Freed);
-            }
-        }
+        Ok(None) => wake_watchers(ctx, key_name, &Lock::default(), now),
         // Another type took the name: waiters keep waiting for it to become a lock again.
         Err(_) => {}
     }
@@ -713,7 +727,7 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64
 fn wake_watchers(ctx: &Context, key_name: &RedisString, lock: &Lock, now: u64) {
     let current = lock.live_holder(now).map(|_| lock.fence);
     for watcher in waiting::take_watchers(&key_ref(ctx, key_name), current) {
-        waiting::deliver(&watcher, Wake::Freed);
+        waiting::wake_watcher(&watcher);
     }
 }
 

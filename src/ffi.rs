@@ -376,25 +376,29 @@ unsafe fn tag_of<'a>(ctx: *mut raw::RedisModuleCtx) -> Option<&'a Tag> {
     privdata.cast::<Tag>().as_ref()
 }
 
-/// Redis signalled the key as ready (it was created or overwritten). The module hands locks
-/// over itself, so this only asks for the key to be settled on the next turn.
+/// Redis runs this for each client blocked on a key signalled as ready, in arrival order:
+/// the head acquirer of a free lock is granted it here and answered at once.
 unsafe extern "C" fn wait_ready(
     ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,
     _argc: c_int,
 ) -> c_int {
-    guarded(ERR, || {
-        if let Some(tag) = tag_of(ctx) {
-            deferred::defer(
-                &Context::new(ctx),
-                deferred::Job::SettleKey(tag.key.clone()),
-            );
+    let context = Context::new(ctx);
+    let served = guarded(None, || {
+        tag_of(ctx).and_then(|tag| commands::serve_waiter(&context, tag))
+    });
+    match served {
+        Some(reply) => {
+            guarded((), || {
+                context.reply(reply.map_err(Into::into));
+            });
+            OK
         }
-        ERR
-    })
+        None => ERR,
+    }
 }
 
-/// Timeout, CLIENT UNBLOCK, or the module delivering a grant (see `waiting::deliver`).
+/// Timeout, CLIENT UNBLOCK, or a watcher woken by the module (see `waiting::wake_watcher`).
 unsafe extern "C" fn wait_ended(
     ctx: *mut raw::RedisModuleCtx,
     _argv: *mut *mut raw::RedisModuleString,
@@ -416,6 +420,7 @@ unsafe extern "C" fn wait_free(_ctx: *mut raw::RedisModuleCtx, privdata: *mut c_
         if !privdata.is_null() {
             let tag = Box::from_raw(privdata.cast::<Tag>());
             waiting::remove(&tag);
+            waiting::take_woken(tag.id);
         }
     });
 }

@@ -1,17 +1,18 @@
 //! Server-side waiting: `LOCK.ACQUIRE ... WAIT` queues and `LOCK.WAIT` watchers.
 //!
-//! Each lock key with waiters has a FIFO of acquirers and a list of watchers. Waiting clients
-//! are blocked with `RedisModule_BlockClientOnKeys`; when a lock becomes free the module itself
-//! grants it to the head acquirer and unblocks that client with `RedisModule_UnblockClient`,
-//! which for clients blocked on keys runs our timeout callback at once: the waiter's reply is
-//! written in the same step as the release, so the lock never goes to a connection that is
-//! already gone. A waiter that times out, disconnects or is unblocked by `CLIENT UNBLOCK` is
-//! removed from its queue before anything else can happen to it.
+//! Each lock key with waiters has a FIFO of acquirers and a list of watchers; waiting clients
+//! are blocked with `RedisModule_BlockClientOnKeys`, so Redis keeps them in the same arrival
+//! order. When a lock becomes free the module signals its key as ready; right after the
+//! command (or timer) that freed it, Redis calls our reply callback for the key's blocked
+//! clients in order, and the one at the head of the queue is granted the lock and answered in
+//! that same call: the lock never goes to a connection that is already gone. Watchers are
+//! answered through `RedisModule_UnblockClient` with the outcome recorded here. A waiter that
+//! times out, disconnects or is unblocked by `CLIENT UNBLOCK` is removed from its queue before
+//! anything else can happen to it.
 //!
 //! All of this runs on the main thread; the mutex only satisfies `static`.
 
-use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -77,22 +78,18 @@ pub struct Tag {
     pub watch: bool,
 }
 
-/// How a waiter is answered when the module wakes it (as opposed to a timeout).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
-    Granted(u64),
-    Freed,
-    FenceExhausted,
-}
-
 struct State {
     queues: HashMap<KeyRef, Queue>,
+    /// Watchers taken off their queue and unblocked, until their timeout callback answers them
+    /// (at once on Redis 7.0, before the next event-loop sleep on 7.2 and later).
+    woken: HashSet<u64>,
     next_id: u64,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| {
     Mutex::new(State {
         queues: HashMap::new(),
+        woken: HashSet::new(),
         next_id: 1,
     })
 });
@@ -101,12 +98,6 @@ fn state() -> MutexGuard<'static, State> {
     STATE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-thread_local! {
-    /// The wake being delivered: set just before `RedisModule_UnblockClient`, which calls the
-    /// timeout callback synchronously, where it is taken.
-    static DELIVERING: Cell<Option<(u64, Wake)>> = const { Cell::new(None) };
 }
 
 pub fn next_id() -> u64 {
@@ -189,16 +180,28 @@ pub fn remove_handle(handle: Handle) -> Option<Waiter> {
     remove(&tag)
 }
 
-/// Takes the head acquirer of `key`.
-pub fn pop_head(key: &KeyRef) -> Option<Waiter> {
-    let mut st = state();
-    let queue = st.queues.get_mut(key)?;
-    let head = queue.acquirers.pop_front()?;
-    if queue.len() == 0 {
-        st.queues.remove(key);
+/// The fence a queued watcher waits to see end.
+pub fn watched_fence(tag: &Tag) -> Option<u64> {
+    let st = state();
+    let watcher = st
+        .queues
+        .get(&tag.key)?
+        .watchers
+        .iter()
+        .find(|w| w.id == tag.id)?;
+    match watcher.kind {
+        Kind::Watch { fence } => Some(fence),
+        Kind::Acquire(_) => None,
     }
-    metrics::WAITERS.add(-1);
-    Some(head)
+}
+
+/// True when waiter `id` is the first acquirer queued on `key`.
+pub fn is_head(key: &KeyRef, id: u64) -> bool {
+    state()
+        .queues
+        .get(key)
+        .and_then(|q| q.acquirers.front())
+        .is_some_and(|w| w.id == id)
 }
 
 /// Takes the watchers of `key` that should wake: all when the lock is free, else those that
@@ -232,23 +235,31 @@ pub fn keys_in(db: Option<i32>) -> Vec<KeyRef> {
         .collect()
 }
 
-/// Answers a waiter that was already taken off its queue, through its timeout callback.
-pub fn deliver(waiter: &Waiter, wake: Wake) {
-    DELIVERING.with(|d| d.set(Some((waiter.id, wake))));
-    // SAFETY: the handle is live: it is freed only after free_privdata, which removes it from
-    // the queue first, and we took it from the queue just now.
+/// Unblocks a watcher already taken off its queue; its timeout callback answers 1.
+pub fn wake_watcher(waiter: &Waiter) {
+    state().woken.insert(waiter.id);
+    // SAFETY: the handle is live: Redis frees it only after our free_privdata callback, and a
+    // waiter still queued (we took it from the queue just now) has not been freed.
     unsafe {
         if let Some(unblock) = raw::RedisModule_UnblockClient {
             unblock(waiter.handle.0, std::ptr::null_mut());
         }
     }
-    DELIVERING.with(|d| d.set(None));
 }
 
-/// In the timeout callback: the wake being delivered to waiter `id`, if any.
-pub fn delivering(id: u64) -> Option<Wake> {
-    DELIVERING
-        .with(|d| d.get())
-        .filter(|(for_id, _)| *for_id == id)
-        .map(|(_, wake)| wake)
+/// In the timeout callback: true when the module woke waiter `id` (rather than a timeout or
+/// `CLIENT UNBLOCK`). Also called when the waiter is freed, to forget it.
+pub fn take_woken(id: u64) -> bool {
+    state().woken.remove(&id)
+}
+
+/// Asks Redis to run the reply callbacks of the clients blocked on `key` after the current
+/// command or callback.
+pub fn signal_ready(ctx: &redis_module::Context, key: &redis_module::RedisString) {
+    // SAFETY: valid context and key string.
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalKeyAsReady {
+            signal(ctx.ctx, key.inner);
+        }
+    }
 }
