@@ -236,6 +236,8 @@ pub fn serve_waiter(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
             if request.session {
                 sessions::claim(tag.key.clone(), request.client, &request.token);
             }
+            let waited = u64::try_from(head.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+            metrics::ACQUIRE_WAIT.record(waited);
             metrics::ACQUIRED.incr();
             Ok(RedisValue::Integer(fence_reply(fence)))
         }
@@ -302,6 +304,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = token_arg(ctx, token)?;
     let ttl = ttl_arg(ctx, ttl)?;
     let options = acquire_options(options)?;
+    let started = metrics::monotonic_us();
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let place = key_ref(ctx, key_name);
@@ -348,9 +351,12 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
     };
     match outcome.map_err(|_| LockError::FenceExhausted)? {
-        Acquire::Granted { fence } | Acquire::Refreshed { fence } => {
+        grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
             if options.session {
                 sessions::claim(place, client_id(ctx), token);
+            }
+            if matches!(grant, Acquire::Granted { .. }) {
+                metrics::ACQUIRE_WAIT.record(metrics::monotonic_us().saturating_sub(started));
             }
             metrics::ACQUIRED.incr();
             Ok(RedisValue::Integer(fence_reply(fence)))

@@ -35,6 +35,9 @@ pub fn raise_fence_floor(fence: u64) {
 #[derive(Debug)]
 pub struct Stored {
     lock: Lock,
+    /// When the current holder got the lock (monotonic µs), for the hold-time histogram;
+    /// unknown for a holder that arrived by loading, RESTORE or COPY.
+    held_since: Option<u64>,
 }
 
 impl Stored {
@@ -44,7 +47,10 @@ impl Stored {
         if lock.holder.is_some() {
             metrics::HELD.add(1);
         }
-        Stored { lock }
+        Stored {
+            lock,
+            held_since: None,
+        }
     }
 
     pub fn lock(&self) -> &Lock {
@@ -58,6 +64,12 @@ impl Stored {
         let is_held = self.lock.holder.is_some();
         if was_held != is_held {
             metrics::HELD.add(if is_held { 1 } else { -1 });
+            let now = metrics::monotonic_us();
+            if is_held {
+                self.held_since = Some(now);
+            } else if let Some(since) = self.held_since.take() {
+                metrics::HOLD.record(now.saturating_sub(since));
+            }
         }
         raise_fence_floor(self.lock.fence);
         result

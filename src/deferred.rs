@@ -14,6 +14,8 @@ pub enum Job {
     SettleKey(KeyRef),
     /// A connection that owned session locks closed.
     SessionLost(u64),
+    /// The server's configuration changed: look for settings that endanger locks.
+    CheckConfig,
 }
 
 struct Pending {
@@ -76,6 +78,7 @@ pub fn run(ctx: &Context) {
                     }
                 }
             }
+            Job::CheckConfig => crate::safety::check(ctx),
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) if !primary => {}
             Job::SessionLost(client) => {

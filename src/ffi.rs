@@ -212,7 +212,21 @@ fn zeroed_key_spec() -> raw::RedisModuleCommandKeySpec {
     unsafe { std::mem::zeroed() }
 }
 
-pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
+/// Adds the module's ACL category where the server supports it (Redis 7.4+). Returns the
+/// category when it was added.
+pub fn add_acl_category(ctx: &Context, name: &'static CStr) -> Option<&'static CStr> {
+    // SAFETY: valid context, NUL-terminated name; only allowed during OnLoad, which this is.
+    let added = unsafe { raw::RedisModule_AddACLCategory.map(|add| add(ctx.ctx, name.as_ptr())) };
+    (added == Some(OK)).then_some(name)
+}
+
+/// Registers one command with its documentation, key spec and ACL categories (the module's
+/// `category` plus the command's own, where the server supports command categories: 7.2+).
+pub fn create_command(
+    ctx: &Context,
+    def: &CommandDef,
+    category: Option<&'static CStr>,
+) -> Result<(), String> {
     let name = def.name.to_string_lossy();
     // SAFETY: valid context and NUL-terminated static strings; Redis copies what it keeps.
     unsafe {
@@ -282,10 +296,17 @@ pub fn create_command(ctx: &Context, def: &CommandDef) -> Result<(), String> {
         if set_info(command, &info) == ERR {
             return Err(format!("cannot set command info of {name}"));
         }
-        if !def.acl.is_empty() {
-            // Redis 7.2+; on 7.0 the README's ACL recipe names the command instead.
-            if let Some(set_acl) = raw::RedisModule_SetCommandACLCategories {
-                if set_acl(command, def.acl.as_ptr()) == ERR {
+        // Redis 7.2+; on 7.0 the README's ACL recipe names the command instead.
+        if let Some(set_acl) = raw::RedisModule_SetCommandACLCategories {
+            let categories: Vec<&str> = [category, Some(def.acl)]
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.to_str().ok())
+                .filter(|c| !c.is_empty())
+                .collect();
+            if !categories.is_empty() {
+                let joined = CString::new(categories.join(" ")).map_err(|e| e.to_string())?;
+                if set_acl(command, joined.as_ptr()) == ERR {
                     return Err(format!("cannot set ACL categories of {name}"));
                 }
             }
@@ -525,7 +546,17 @@ extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) 
                 return;
             };
             section(ctx, c"".as_ptr());
-            for (name, value) in metrics::fields() {
+            let warnings = [
+                (
+                    "warning_eviction_policy",
+                    i64::from(crate::safety::eviction_risk()),
+                ),
+                (
+                    "warning_no_persistence",
+                    i64::from(crate::safety::no_persistence()),
+                ),
+            ];
+            for (name, value) in metrics::fields().into_iter().chain(warnings) {
                 if let Ok(name) = CString::new(name) {
                     field(ctx, name.as_ptr(), value);
                 }
@@ -832,6 +863,7 @@ pub fn subscribe_events(ctx: &Context) -> Result<(), String> {
             raw::REDISMODULE_EVENT_SWAPDB,
             raw::REDISMODULE_EVENT_CLIENT_CHANGE,
             raw::REDISMODULE_EVENT_FORK_CHILD,
+            raw::REDISMODULE_EVENT_CONFIG,
         ] {
             let event = raw::RedisModuleEvent { id, dataver: 1 };
             if subscribe(ctx.ctx, event, Some(server_event)) == ERR {
@@ -884,6 +916,9 @@ unsafe extern "C" fn server_event(
                 if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN =>
             {
                 crate::replication::record_floor(&context);
+            }
+            raw::REDISMODULE_EVENT_CONFIG => {
+                deferred::defer(&context, deferred::Job::CheckConfig);
             }
             raw::REDISMODULE_EVENT_CLIENT_CHANGE
                 if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED

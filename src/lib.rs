@@ -19,6 +19,7 @@ pub mod expiry;
 pub mod ffi;
 pub mod metrics;
 pub mod replication;
+pub mod safety;
 pub mod sessions;
 pub mod waiting;
 
@@ -34,6 +35,8 @@ static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAl
 
 pub const MODULE_NAME: &CStr = c"lock";
 pub const MODULE_VERSION: i32 = 1;
+/// The module's own ACL category (Redis 7.4+), holding every LOCK.* command.
+const ACL_CATEGORY: &CStr = c"lock";
 pub const SINCE: &CStr = c"0.1.0";
 
 const KEY: ArgDef = ArgDef::new(c"key", ArgKind::Key);
@@ -165,11 +168,13 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         ffi::register_config(ctx, config, default)?;
     }
     ffi::load_configs(ctx)?;
+    let category = ffi::add_acl_category(ctx, ACL_CATEGORY);
     for command in COMMANDS {
-        ffi::create_command(ctx, command)?;
+        ffi::create_command(ctx, command, category)?;
     }
     ffi::register_info(ctx)?;
     ffi::subscribe_events(ctx)?;
     ffi::install_panic_hook();
+    safety::check(ctx);
     Ok(())
 }

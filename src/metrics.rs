@@ -1,7 +1,10 @@
-//! Counters and gauges for `INFO lock`. Gauges move where state changes (value constructor,
-//! Drop, hold/release transitions), so DEL, FLUSHALL, COPY, RESTORE and reloads keep them true.
+//! Counters, gauges and latency histograms for `INFO lock`. Gauges move where state changes
+//! (value constructor, Drop, hold/release transitions), so DEL, FLUSHALL, COPY, RESTORE and
+//! reloads keep them true.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::LazyLock;
+use std::time::Instant;
 
 pub struct Counter(AtomicU64);
 
@@ -31,6 +34,99 @@ impl Gauge {
     }
 }
 
+/// Values below this many µs get a bucket each; above, every power of two is split into
+/// `SUB_BUCKETS` equal parts, so a quantile is off by at most 1/16 of its value.
+const EXACT: u64 = 16;
+const SUB_BITS: u32 = 3;
+const SUB_BUCKETS: usize = 1 << SUB_BITS;
+const BUCKETS: usize = EXACT as usize + (64 - 4) * SUB_BUCKETS;
+
+/// A log-linear histogram of durations in µs: lock-free, O(1) to record, a few hundred atomics.
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS],
+    max: AtomicU64,
+}
+
+fn bucket_of(value: u64) -> usize {
+    if value < EXACT {
+        return value as usize;
+    }
+    let exponent = 63 - value.leading_zeros();
+    let sub = (value >> (exponent - SUB_BITS)) as usize & (SUB_BUCKETS - 1);
+    EXACT as usize + (exponent as usize - 4) * SUB_BUCKETS + sub
+}
+
+/// The middle of a bucket's range.
+fn value_of(bucket: usize) -> u64 {
+    if bucket < EXACT as usize {
+        return bucket as u64;
+    }
+    let exponent = (bucket - EXACT as usize) / SUB_BUCKETS + 4;
+    let sub = ((bucket - EXACT as usize) % SUB_BUCKETS) as u64;
+    let width = 1u64 << (exponent - SUB_BITS as usize);
+    (1u64 << exponent) + sub * width + width / 2
+}
+
+impl Histogram {
+    pub const fn new() -> Self {
+        Histogram {
+            buckets: [const { AtomicU64::new(0) }; BUCKETS],
+            max: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record(&self, micros: u64) {
+        self.buckets[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
+        self.max.fetch_max(micros, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// The value below which a fraction `q` of the samples fall (0 when empty).
+    pub fn quantile(&self, q: f64) -> u64 {
+        let total = self.count();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        if rank == total {
+            return self.max();
+        }
+        let mut seen = 0;
+        for (bucket, count) in self.buckets.iter().enumerate() {
+            seen += count.load(Ordering::Relaxed);
+            if seen >= rank {
+                return value_of(bucket).min(self.max());
+            }
+        }
+        self.max()
+    }
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::new()
+    }
+}
+
+static MONOTONIC_EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Monotonic time in µs since the module first asked: for durations only.
+pub fn monotonic_us() -> u64 {
+    u64::try_from(MONOTONIC_EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// How long successful acquires waited for their grant (0-ish for an immediate grant).
+pub static ACQUIRE_WAIT: Histogram = Histogram::new();
+/// How long locks were held, grant to release, expiry, forced release or session end.
+pub static HOLD: Histogram = Histogram::new();
+
 /// Lock values in the keyspace (held or free).
 pub static KEYS: Gauge = Gauge::new();
 /// Lock values with a holder (including one whose lease ran out a moment ago and is about to be
@@ -53,9 +149,10 @@ pub static FENCE_CHECKS: Counter = Counter::new();
 pub static FENCE_REJECTS: Counter = Counter::new();
 
 /// The fields of `INFO lock`, in order, without the `lock_` prefix Redis adds.
-pub fn fields() -> [(&'static str, i64); 15] {
+pub fn fields() -> Vec<(&'static str, i64)> {
     let c = |counter: &Counter| i64::try_from(counter.get()).unwrap_or(i64::MAX);
-    [
+    let us = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    vec![
         ("held", HELD.get()),
         ("waiters", WAITERS.get()),
         ("keys", KEYS.get()),
@@ -71,5 +168,56 @@ pub fn fields() -> [(&'static str, i64); 15] {
         ("session_released", c(&SESSION_RELEASED)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
+        ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),
+        ("acquire_wait_p99_us", us(ACQUIRE_WAIT.quantile(0.99))),
+        ("acquire_wait_max_us", us(ACQUIRE_WAIT.max())),
+        ("hold_p50_us", us(HOLD.quantile(0.5))),
+        ("hold_p99_us", us(HOLD.quantile(0.99))),
+        ("hold_max_us", us(HOLD.max())),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_all_values_in_order() {
+        let mut last = 0;
+        for value in (0..5000).chain([u64::MAX / 2, u64::MAX]) {
+            let bucket = bucket_of(value);
+            assert!(bucket < BUCKETS && bucket >= last, "{value}");
+            last = bucket;
+        }
+    }
+
+    #[test]
+    fn bucket_midpoints_are_within_a_sixteenth() {
+        for value in [16u64, 17, 100, 1_000, 12_345, 1 << 20, 987_654_321] {
+            let mid = value_of(bucket_of(value));
+            let error = mid.abs_diff(value) as f64 / value as f64;
+            assert!(error <= 1.0 / 16.0, "{value} -> {mid}");
+        }
+        for value in 0..16 {
+            assert_eq!(value_of(bucket_of(value)), value);
+        }
+    }
+
+    #[test]
+    fn quantiles_of_a_known_distribution() {
+        let h = Histogram::new();
+        assert_eq!(h.quantile(0.5), 0);
+        for v in 1..=1000 {
+            h.record(v);
+        }
+        assert_eq!(h.count(), 1000);
+        assert_eq!(h.max(), 1000);
+        let p50 = h.quantile(0.5);
+        let p99 = h.quantile(0.99);
+        assert!((470..=530).contains(&p50), "{p50}");
+        assert!((930..=1000).contains(&p99), "{p99}");
+        h.record(5_000_000);
+        assert_eq!(h.max(), 5_000_000);
+        assert_eq!(h.quantile(1.0), 5_000_000);
+    }
 }

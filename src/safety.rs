@@ -1,0 +1,94 @@
+//! Configurations under which locks can be lost silently: an eviction policy that may delete
+//! lock keys, and a server that persists nothing. Checked at load and whenever the server's
+//! configuration changes; logged and shown in `INFO lock`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis_module::{Context, RedisValue};
+
+/// `maxmemory-policy` is an `allkeys-*` policy: under memory pressure lock keys can vanish.
+static EVICTION_RISK: AtomicBool = AtomicBool::new(false);
+/// Neither AOF nor RDB save points: a restart loses every lock and its fence.
+static NO_PERSISTENCE: AtomicBool = AtomicBool::new(false);
+
+pub fn eviction_risk() -> bool {
+    EVICTION_RISK.load(Ordering::Relaxed)
+}
+
+pub fn no_persistence() -> bool {
+    NO_PERSISTENCE.load(Ordering::Relaxed)
+}
+
+/// True for policies that may evict keys without a TTL (lock keys have none).
+pub fn policy_evicts_locks(policy: &str) -> bool {
+    policy.starts_with("allkeys-")
+}
+
+/// True when neither the AOF nor any RDB save point is configured.
+pub fn persistence_is_off(appendonly: &str, save: &str) -> bool {
+    !appendonly.eq_ignore_ascii_case("yes") && save.trim().is_empty()
+}
+
+fn config(ctx: &Context, name: &str) -> Option<String> {
+    match ctx.call("CONFIG", &["GET", name]).ok()? {
+        RedisValue::Array(items) => match items.get(1)? {
+            RedisValue::SimpleString(s) => Some(s.clone()),
+            RedisValue::BulkString(s) => Some(s.clone()),
+            RedisValue::StringBuffer(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            RedisValue::BulkRedisString(s) => Some(s.to_string_lossy()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Reads the relevant settings, updates the flags and logs a warning for each newly found risk.
+pub fn check(ctx: &Context) {
+    if let Some(policy) = config(ctx, "maxmemory-policy") {
+        let risky = policy_evicts_locks(&policy);
+        if risky && !EVICTION_RISK.swap(true, Ordering::Relaxed) {
+            ctx.log_warning(&format!(
+                "lock module: maxmemory-policy {policy} can evict lock keys, and an evicted lock \
+                 is silently free: set maxmemory-policy to noeviction or a volatile-* policy"
+            ));
+        }
+        EVICTION_RISK.store(risky, Ordering::Relaxed);
+    }
+    if let (Some(appendonly), Some(save)) = (config(ctx, "appendonly"), config(ctx, "save")) {
+        let off = persistence_is_off(&appendonly, &save);
+        if off && !NO_PERSISTENCE.swap(true, Ordering::Relaxed) {
+            ctx.log_warning(
+                "lock module: persistence is off (appendonly no, no save points): a restart \
+                 loses every lock; set appendonly yes",
+            );
+        }
+        NO_PERSISTENCE.store(off, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allkeys_policies_endanger_locks() {
+        for policy in ["allkeys-lru", "allkeys-lfu", "allkeys-random"] {
+            assert!(policy_evicts_locks(policy));
+        }
+        for policy in [
+            "noeviction",
+            "volatile-lru",
+            "volatile-ttl",
+            "volatile-random",
+        ] {
+            assert!(!policy_evicts_locks(policy));
+        }
+    }
+
+    #[test]
+    fn persistence_is_off_only_without_aof_and_save_points() {
+        assert!(persistence_is_off("no", ""));
+        assert!(!persistence_is_off("yes", ""));
+        assert!(!persistence_is_off("no", "3600 1"));
+    }
+}
