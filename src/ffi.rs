@@ -636,46 +636,14 @@ pub unsafe extern "C" fn aof_rewrite(
             return;
         };
         let args = crate::replication::effect_args(crate::replication::Event::Sync, stored.lock());
-        let b = |i: usize| {
-            args.get(i)
-                .map_or((ptr::null(), 0), |a| (a.as_ptr().cast::<c_char>(), a.len()))
-        };
+        // Owned strings, freed when `strings` drops (after the emit copied them).
+        let strings: Vec<RedisString> = args
+            .iter()
+            .map(|a| RedisString::create_from_slice(ptr::null_mut(), a))
+            .collect();
+        let mut argv: Vec<*mut raw::RedisModuleString> = strings.iter().map(|s| s.inner).collect();
         let cmd = c"LOCK.APPLY".as_ptr();
-        match args.len() {
-            3 => emit(
-                aof,
-                cmd,
-                c"sbbb".as_ptr(),
-                key,
-                b(0).0,
-                b(0).1,
-                b(1).0,
-                b(1).1,
-                b(2).0,
-                b(2).1,
-            ),
-            7 => emit(
-                aof,
-                cmd,
-                c"sbbbbbbb".as_ptr(),
-                key,
-                b(0).0,
-                b(0).1,
-                b(1).0,
-                b(1).1,
-                b(2).0,
-                b(2).1,
-                b(3).0,
-                b(3).1,
-                b(4).0,
-                b(4).1,
-                b(5).0,
-                b(5).1,
-                b(6).0,
-                b(6).1,
-            ),
-            _ => {}
-        }
+        emit(aof, cmd, c"sv".as_ptr(), key, argv.as_mut_ptr(), argv.len());
     });
 }
 
