@@ -343,7 +343,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             let mut lock = Lock::default();
             let outcome = grant(&mut lock);
             if outcome.is_ok() {
-                key.set_value(&LOCK_TYPE, Stored::new(lock.clone()))
+                key.set_value(&LOCK_TYPE, Stored::granted(lock.clone()))
                     .map_err(|_| LockError::Internal)?;
                 replication::propagate(ctx, key_name, Event::Acquire, &lock, None);
             }

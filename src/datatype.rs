@@ -53,6 +53,15 @@ impl Stored {
         }
     }
 
+    /// A value created by a grant, whose hold starts now.
+    pub fn granted(lock: Lock) -> Self {
+        let mut stored = Stored::new(lock);
+        if stored.lock.holder.is_some() {
+            stored.held_since = Some(metrics::monotonic_us());
+        }
+        stored
+    }
+
     pub fn lock(&self) -> &Lock {
         &self.lock
     }

@@ -569,3 +569,18 @@ pub fn wait_replica_caught_up(primary: &Server, replica: &Server) {
             .then_some(())
     });
 }
+
+impl Server {
+    /// The server's version from `INFO server` (`redis_version`), as (major, minor, patch).
+    pub fn version(&self) -> (u32, u32, u32) {
+        let text = self
+            .info_field("server", "redis_version")
+            .expect("INFO server has redis_version");
+        let mut parts = text.split('.').map(|p| {
+            p.parse::<u32>()
+                .unwrap_or_else(|_| panic!("redis_version {text}"))
+        });
+        let mut next = || parts.next().unwrap_or(0);
+        (next(), next(), next())
+    }
+}
