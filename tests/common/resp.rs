@@ -101,6 +101,11 @@ impl Conn {
     }
 
     pub fn send<A: AsRef<[u8]>>(&mut self, args: &[A]) {
+        self.try_send(args).expect("write command");
+    }
+
+    /// Sends a command; an error when the connection is gone.
+    pub fn try_send<A: AsRef<[u8]>>(&mut self, args: &[A]) -> std::io::Result<()> {
         let mut out = format!("*{}\r\n", args.len()).into_bytes();
         for arg in args {
             let arg = arg.as_ref();
@@ -108,7 +113,7 @@ impl Conn {
             out.extend_from_slice(arg);
             out.extend_from_slice(b"\r\n");
         }
-        self.writer.write_all(&out).expect("write command");
+        self.writer.write_all(&out)
     }
 
     /// Sends a command and reads its reply.
