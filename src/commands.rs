@@ -196,7 +196,7 @@ fn hand_over(ctx: &Context, key_name: &RedisString, stored: &Stored, now: u64) {
 /// client waiting.
 pub fn serve_waiter(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let now = now_ms();
-    let key_name = ctx.create_string(&*tag.key.1);
+    let key_name = replication::key_string(ctx, &tag.key.1);
     let key = ctx.open_key_writable(&key_name);
     let stored = match stored_mut(&key) {
         Ok(Some(stored)) => stored,

@@ -69,7 +69,7 @@ pub fn run(ctx: &Context) {
         match job {
             Job::SettleKey((db, key)) => {
                 if replication::select_db(ctx, db) {
-                    let name = ctx.create_string(key);
+                    let name = replication::key_string(ctx, &key);
                     if primary {
                         commands::settle_key(ctx, &name, now);
                     } else {
@@ -84,7 +84,12 @@ pub fn run(ctx: &Context) {
             Job::SessionLost(client) => {
                 for ((db, key), token) in sessions::disconnected(client) {
                     if replication::select_db(ctx, db) {
-                        commands::end_session(ctx, &ctx.create_string(key), &token, now);
+                        commands::end_session(
+                            ctx,
+                            &replication::key_string(ctx, &key),
+                            &token,
+                            now,
+                        );
                     }
                 }
             }

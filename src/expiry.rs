@@ -136,7 +136,7 @@ fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
     if !replication::select_db(ctx, db) {
         return;
     }
-    let name = ctx.create_string(key);
+    let name = replication::key_string(ctx, key);
     commands::expire_key(ctx, &name, now);
 }
 
@@ -144,7 +144,7 @@ fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
 /// that arrive without a grant: RENAME, MOVE, COPY, RESTORE).
 pub fn index_key(ctx: &Context, key: &[u8]) {
     let db = replication::selected_db(ctx);
-    let name = ctx.create_string(key);
+    let name = replication::key_string(ctx, key);
     if let Some(deadline) = commands::lease_deadline(ctx, &name) {
         let mut idx = index();
         idx.entries.insert((deadline, db, key.into()));

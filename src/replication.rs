@@ -160,6 +160,11 @@ pub fn selected_db(ctx: &Context) -> i32 {
     unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
 }
 
+/// A key name as a Redis string, binary-safe (`Context::create_string` refuses NUL bytes).
+pub fn key_string(ctx: &Context, key: &[u8]) -> RedisString {
+    RedisString::create_from_slice(ctx.ctx, key)
+}
+
 /// Selects database `db` on the context; false when it does not exist.
 pub fn select_db(ctx: &Context, db: i32) -> bool {
     // SAFETY: valid context; Redis refuses ids out of range.

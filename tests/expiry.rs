@@ -181,3 +181,16 @@ fn many_leases_expiring_together_are_all_freed() {
     assert_eq!(server.info_int("lock_held"), 0);
     assert_eq!(server.info_int("lock_keys"), count);
 }
+
+#[test]
+fn binary_keys_with_nul_bytes_expire_too() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let key: &[u8] = b"lock\x00with\xffbytes";
+    let reply = c.call(&[&b"LOCK.ACQUIRE"[..], key, b"t", b"100"]);
+    assert!(matches!(reply, Reply::Int(_)), "{reply:?}");
+    wait_until_expired(&server, 1);
+    assert_eq!(server.info_int("lock_held"), 0);
+    let info = c.call(&[&b"LOCK.INFO"[..], key]);
+    assert_eq!(info.items()[1], Reply::status("free"));
+}

@@ -595,3 +595,22 @@ fn lock_wait_on_a_replica_ends_when_the_primary_deletes_the_key() {
     assert_eq!(c.call(&["DEL", "k"]), Reply::Int(1));
     assert_eq!(watcher.read(), Reply::Int(1));
 }
+
+#[test]
+fn waiters_on_binary_keys_with_nul_bytes_are_served() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let key: &[u8] = b"q\x00\xfe";
+    let first = c.call(&[&b"LOCK.ACQUIRE"[..], key, b"a", b"10000"]).int();
+    let mut w = server.conn();
+    w.send(&[&b"LOCK.ACQUIRE"[..], key, b"w", b"10000", b"WAIT", b"0"]);
+    wait_blocked(&server, 1);
+    assert_eq!(c.call(&[&b"DEL"[..], key]), Reply::Int(1));
+    let fence = granted(&mut w);
+    assert!(fence > first);
+    let mut s = server.conn();
+    s.send(&[&b"LOCK.ACQUIRE"[..], key, b"s", b"10000", b"WAIT", b"0"]);
+    wait_blocked(&server, 1);
+    assert_eq!(w.call(&[&b"LOCK.RELEASE"[..], key, b"w"]), Reply::Int(1));
+    assert!(granted(&mut s) > fence);
+}
