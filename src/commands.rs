@@ -146,6 +146,11 @@ fn deadline(lock: &Lock) -> Option<u64> {
 }
 
 /// The key as the waiting and session tables name it.
+/// True when acquirers are queued on `key` (cheap when nobody waits anywhere).
+fn queued(ctx: &Context, key: &RedisString) -> bool {
+    waiting::anyone_waiting() && waiting::has_acquirers(&key_ref(ctx, key))
+}
+
 pub fn key_ref(ctx: &Context, key: &RedisString) -> KeyRef {
     (replication::selected_db(ctx), key.as_slice().into())
 }
@@ -175,7 +180,9 @@ fn change(
     let event = stored.update(change)?;
     replication::propagate(ctx, key, event, stored.lock(), before);
     if event.frees() {
-        sessions::forget(&key_ref(ctx, key));
+        if sessions::any() {
+            sessions::forget(&key_ref(ctx, key));
+        }
         hand_over(ctx, key, stored, now);
     }
     Some(event)
@@ -185,7 +192,7 @@ fn change(
 /// the lock from its reply callback, right after the current command or callback) and wakes
 /// the `LOCK.WAIT` watchers whose wait is over.
 fn hand_over(ctx: &Context, key_name: &RedisString, stored: &Stored, now: u64) {
-    if !stored.lock().is_held(now) && waiting::has_acquirers(&key_ref(ctx, key_name)) {
+    if !stored.lock().is_held(now) && queued(ctx, key_name) {
         waiting::signal_ready(ctx, key_name);
     }
     wake_watchers(ctx, key_name, stored.lock(), now);
@@ -307,7 +314,6 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let started = metrics::monotonic_us();
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let place = key_ref(ctx, key_name);
     let grant = |lock: &mut Lock| {
         lock.acquire(
             token,
@@ -327,7 +333,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 .is_some_and(|h| *h.token == *token);
             let mut outcome = Ok(Acquire::Busy);
             // Queued waiters are not overtaken: only their holder may re-acquire.
-            if holds_it || !waiting::has_acquirers(&place) {
+            if holds_it || !queued(ctx, key_name) {
                 change(ctx, key_name, stored, now, |lock| {
                     outcome = grant(lock);
                     matches!(
@@ -353,7 +359,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     match outcome.map_err(|_| LockError::FenceExhausted)? {
         grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
             if options.session {
-                sessions::claim(place, client_id(ctx), token);
+                sessions::claim(key_ref(ctx, key_name), client_id(ctx), token);
             }
             if matches!(grant, Acquire::Granted { .. }) {
                 metrics::ACQUIRE_WAIT.record(metrics::monotonic_us().saturating_sub(started));
@@ -363,6 +369,7 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
         Acquire::Busy => match options.wait {
             Some(timeout) if may_block(ctx) => {
+                let place = key_ref(ctx, key_name);
                 let max = config::MAX_WAITERS.get();
                 if i64::try_from(waiting::acquirers_on(&place)).map_or(true, |n| n >= max) {
                     metrics::ACQUIRE_CONTENDED.incr();
@@ -731,6 +738,9 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64
 
 /// Wakes `LOCK.WAIT` watchers after a replicated change (replicas have watchers too).
 fn wake_watchers(ctx: &Context, key_name: &RedisString, lock: &Lock, now: u64) {
+    if !waiting::anyone_waiting() {
+        return;
+    }
     let current = lock.live_holder(now).map(|_| lock.fence);
     for watcher in waiting::take_watchers(&key_ref(ctx, key_name), current) {
         waiting::wake_watcher(&watcher);

@@ -6,6 +6,8 @@
 //! same function announces the change locally: keyspace notification, WATCH invalidation and
 //! the expiry index.
 
+use std::ffi::{c_longlong, CStr};
+
 use redis_module::{raw, Context, NotifyEvent, RedisString};
 
 use crate::core::{Holder, Lock, MAX_FENCE};
@@ -14,7 +16,7 @@ use crate::error::LockError;
 use crate::expiry;
 
 /// The name of the internal effect command.
-pub const APPLY: &str = "LOCK.APPLY";
+pub const APPLY: &CStr = c"LOCK.APPLY";
 
 /// What happened to a lock. Replicas count the same events as their primary, so each kind of
 /// change has its own word; `Sync` restates a lock without announcing anything (AOF rewrite).
@@ -52,33 +54,34 @@ impl Event {
         )
     }
 
-    pub fn word(self) -> &'static str {
+    /// The event's name in `LOCK.APPLY`.
+    pub fn word(self) -> &'static CStr {
         match self {
-            Event::Acquire => "acquire",
-            Event::Release => "release",
-            Event::DropHold => "drophold",
-            Event::SessionEnd => "sessionend",
-            Event::Renew => "renew",
-            Event::Expired => "expired",
-            Event::ForceRelease => "forcerelease",
-            Event::Sync => "sync",
+            Event::Acquire => c"acquire",
+            Event::Release => c"release",
+            Event::DropHold => c"drophold",
+            Event::SessionEnd => c"sessionend",
+            Event::Renew => c"renew",
+            Event::Expired => c"expired",
+            Event::ForceRelease => c"forcerelease",
+            Event::Sync => c"sync",
         }
     }
 
     /// The keyspace notification, published in the module class (`d`).
-    pub fn notification(self) -> Option<&'static str> {
+    pub fn notification(self) -> Option<&'static CStr> {
         match self {
-            Event::Acquire => Some("lock.acquire"),
-            Event::Release | Event::SessionEnd => Some("lock.release"),
-            Event::Renew => Some("lock.renew"),
-            Event::Expired => Some("lock.expired"),
-            Event::ForceRelease => Some("lock.forcerelease"),
+            Event::Acquire => Some(c"lock.acquire"),
+            Event::Release | Event::SessionEnd => Some(c"lock.release"),
+            Event::Renew => Some(c"lock.renew"),
+            Event::Expired => Some(c"lock.expired"),
+            Event::ForceRelease => Some(c"lock.forcerelease"),
             Event::DropHold | Event::Sync => None,
         }
     }
 
     fn parse(word: &[u8]) -> Option<Event> {
-        Event::ALL.into_iter().find(|e| e.word().as_bytes() == word)
+        Event::ALL.into_iter().find(|e| e.word().to_bytes() == word)
     }
 }
 
@@ -87,7 +90,7 @@ const FLAG_SESSION: u64 = 1;
 /// The arguments of `LOCK.APPLY` after the key.
 pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
     let mut args = vec![
-        event.word().as_bytes().to_vec(),
+        event.word().to_bytes().to_vec(),
         lock.fence.to_string().into_bytes(),
         fence_floor().max(lock.fence).to_string().into_bytes(),
     ];
@@ -190,7 +193,17 @@ pub fn announce(
         }
     }
     if let Some(name) = event.notification() {
-        ctx.notify_keyspace_event(NotifyEvent::MODULE, name, key);
+        // SAFETY: valid context, static NUL-terminated event name, live key string.
+        unsafe {
+            if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+                notify(
+                    ctx.ctx,
+                    NotifyEvent::MODULE.bits(),
+                    name.as_ptr(),
+                    key.inner,
+                );
+            }
+        }
     }
     let db = selected_db(ctx);
     let new_deadline = lock.holder.as_ref().map(|h| h.deadline);
@@ -208,11 +221,43 @@ pub fn propagate(
     old_deadline: Option<u64>,
 ) {
     announce(ctx, key, event, lock, old_deadline);
-    let args = effect_args(event, lock);
-    let mut all: Vec<&[u8]> = Vec::with_capacity(args.len() + 1);
-    all.push(key.as_slice());
-    all.extend(args.iter().map(Vec::as_slice));
-    ctx.replicate(APPLY, all.as_slice());
+    // SAFETY: reading the API table Redis filled in at load.
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    let fence = c_longlong::try_from(lock.fence).unwrap_or(c_longlong::MAX);
+    let floor = c_longlong::try_from(fence_floor().max(lock.fence)).unwrap_or(c_longlong::MAX);
+    let event = event.word().as_ptr();
+    // The same arguments as `effect_args`, formatted by Redis without building strings here:
+    // s = key, c = event word, l = integers, b = the token buffer.
+    // SAFETY: valid context; every pointer outlives the call; the format matches the arguments.
+    unsafe {
+        match &lock.holder {
+            None => replicate(
+                ctx.ctx,
+                APPLY.as_ptr(),
+                c"scll".as_ptr(),
+                key.inner,
+                event,
+                fence,
+                floor,
+            ),
+            Some(holder) => replicate(
+                ctx.ctx,
+                APPLY.as_ptr(),
+                c"scllblll".as_ptr(),
+                key.inner,
+                event,
+                fence,
+                floor,
+                holder.token.as_ptr(),
+                holder.token.len(),
+                c_longlong::try_from(holder.deadline).unwrap_or(c_longlong::MAX),
+                c_longlong::from(holder.holds),
+                c_longlong::from(holder.session) * FLAG_SESSION as c_longlong,
+            ),
+        };
+    }
 }
 
 /// The name of the internal floor command.

@@ -7,6 +7,7 @@
 //! SESSION leaves the owner as it is.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use crate::waiting::KeyRef;
@@ -21,10 +22,21 @@ struct Sessions {
 
 static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(|| Mutex::new(Sessions::default()));
 
+/// Number of session locks owned, so the common case (none) needs no lookup.
+static OWNED: AtomicUsize = AtomicUsize::new(0);
+
 fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
-    f(&mut SESSIONS
+    let mut sessions = SESSIONS
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner))
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let result = f(&mut sessions);
+    OWNED.store(sessions.owner.len(), Ordering::Relaxed);
+    result
+}
+
+/// True when some connection owns a session lock.
+pub fn any() -> bool {
+    OWNED.load(Ordering::Relaxed) > 0
 }
 
 /// Makes `client` the session owner of `key`, held by `token`.

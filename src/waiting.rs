@@ -107,6 +107,11 @@ pub fn next_id() -> u64 {
     id
 }
 
+/// True when any client waits on any key (a check that needs no key).
+pub fn anyone_waiting() -> bool {
+    metrics::WAITERS.get() > 0
+}
+
 /// Number of clients waiting on `key` (acquirers and watchers).
 pub fn waiting_on(key: &KeyRef) -> usize {
     state().queues.get(key).map_or(0, Queue::len)
