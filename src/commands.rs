@@ -46,44 +46,19 @@ fn integer(arg: &RedisString) -> Option<i64> {
     (status == raw::REDISMODULE_OK as i32).then_some(value)
 }
 
-/// A duration in ms: a positive integer no larger than `max` (when a limit applies).
-fn duration(
-    arg: &RedisString,
-    name: &'static str,
-    limit: Option<&'static config::NumericConfig>,
-) -> Result<u64, LockError> {
+/// A duration in ms: a positive integer.
+fn duration(arg: &RedisString, name: &'static str) -> Result<u64, LockError> {
     let value = integer(arg).ok_or(LockError::BadInteger {
         name,
         detail: "not an integer",
     })?;
-    if value <= 0 {
-        return Err(LockError::BadInteger {
+    u64::try_from(value)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or(LockError::BadInteger {
             name,
             detail: "must be positive",
-        });
-    }
-    if let Some(limit) = limit {
-        let max = limit.get();
-        if value > max {
-            return Err(LockError::TooLarge {
-                name,
-                config: limit_name(limit),
-                max,
-            });
-        }
-    }
-    u64::try_from(value).map_err(|_| LockError::BadInteger {
-        name,
-        detail: "must be positive",
-    })
-}
-
-fn limit_name(limit: &config::NumericConfig) -> &'static str {
-    match limit.name {
-        "max-ttl" => "lock.max-ttl",
-        "max-waiters" => "lock.max-waiters",
-        _ => "lock.max-token-len",
-    }
+        })
 }
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -103,9 +78,18 @@ fn timeout_arg(arg: &RedisString) -> Result<u64, LockError> {
     u64::try_from(value).map_err(|_| bad("must not be negative"))
 }
 
+/// A lease length: a positive integer within `lock.max-ttl` (a limit for clients only).
 fn ttl_arg(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
-    let limit = (!replayed(ctx)).then_some(&config::MAX_TTL);
-    duration(arg, "ttl-ms", limit)
+    let ttl = duration(arg, "ttl-ms")?;
+    let max = config::MAX_TTL.get();
+    if i64::try_from(ttl).map_or(true, |t| t > max) && !replayed(ctx) {
+        return Err(LockError::TooLarge {
+            name: "ttl-ms",
+            config: "lock.max-ttl",
+            max,
+        });
+    }
+    Ok(ttl)
 }
 
 fn token_arg<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockError> {
@@ -114,7 +98,7 @@ fn token_arg<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockEr
         return Err(LockError::EmptyToken);
     }
     let max = config::MAX_TOKEN_LEN.get();
-    if !replayed(ctx) && i64::try_from(token.len()).map_or(true, |len| len > max) {
+    if i64::try_from(token.len()).map_or(true, |len| len > max) && !replayed(ctx) {
         return Err(LockError::TokenTooLong { max });
     }
     Ok(token)
@@ -311,7 +295,6 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = token_arg(ctx, token)?;
     let ttl = ttl_arg(ctx, ttl)?;
     let options = acquire_options(options)?;
-    let started = metrics::monotonic_us();
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let grant = |lock: &mut Lock| {
@@ -362,7 +345,8 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 sessions::claim(key_ref(ctx, key_name), client_id(ctx), token);
             }
             if matches!(grant, Acquire::Granted { .. }) {
-                metrics::ACQUIRE_WAIT.record(metrics::monotonic_us().saturating_sub(started));
+                // Granted without waiting.
+                metrics::ACQUIRE_WAIT.record(0);
             }
             metrics::ACQUIRED.incr();
             Ok(RedisValue::Integer(fence_reply(fence)))
@@ -588,7 +572,7 @@ pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     if !replayed(ctx) {
         return Err(LockError::InternalCommand("LOCK.APPLY"));
     }
-    redact(ctx, 5);
+    redact(ctx, 3);
     let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
     let effect = replication::parse_effect(&raw_args)?;
     replication::note_floor(&effect);

@@ -152,10 +152,6 @@ impl ArgDef {
         self.flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
         self
     }
-    pub const fn multiple(mut self) -> Self {
-        self.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
-        self
-    }
 
     fn to_raw(self) -> raw::RedisModuleCommandArg {
         let type_ = match self.kind {

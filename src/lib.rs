@@ -18,6 +18,8 @@ pub mod error;
 pub mod expiry;
 pub mod ffi;
 pub mod metrics;
+#[cfg(test)]
+mod model_tests;
 pub mod replication;
 pub mod safety;
 pub mod sessions;
@@ -132,16 +134,14 @@ pub static COMMANDS: &[CommandDef] = &[
         name: c"lock.apply",
         callback: ffi::cmd_apply,
         flags: c"write no-monitor no-slowlog",
-        arity: -5,
+        arity: -3,
         key: Some(KeyAccess::Overwrite),
         summary: c"Internal: applies a lock state change sent by the primary or read from the AOF.",
         complexity: c"O(1)",
         args: &[
             KEY,
-            ArgDef::new(c"event", ArgKind::String),
-            ArgDef::new(c"fence", ArgKind::Integer),
-            ArgDef::new(c"floor", ArgKind::Integer),
-            ArgDef::new(c"holder", ArgKind::String).optional().multiple(),
+            ArgDef::new(c"state", ArgKind::String),
+            ArgDef::new(c"token", ArgKind::String).optional(),
         ],
         acl: c"",
     },

@@ -1,12 +1,12 @@
 //! State changes as effects. The primary decides; replicas and AOF replay apply.
 //!
-//! Every change of a lock is sent to replicas and the AOF as
-//! `LOCK.APPLY key event fence floor [token deadline-ms holds flags]`: the whole resulting state
+//! Every change of a lock is sent to replicas and the AOF as `LOCK.APPLY key state [token]`,
+//! with state `event:fence:floor[:deadline-ms:holds:flags]`: the whole resulting state
 //! with absolute values, so applying it never depends on the replica's clock or configs. The
 //! same function announces the change locally: keyspace notification, WATCH invalidation and
 //! the expiry index.
 
-use std::ffi::{c_longlong, CStr};
+use std::ffi::CStr;
 
 use redis_module::{raw, Context, NotifyEvent, RedisString};
 
@@ -87,19 +87,66 @@ impl Event {
 
 const FLAG_SESSION: u64 = 1;
 
-/// The arguments of `LOCK.APPLY` after the key.
+/// The effect's state, formatted without allocating: `event:fence:floor` for a free lock,
+/// `event:fence:floor:deadline:holds:flags` for a held one (its token travels as its own
+/// argument, binary-safe).
+pub struct State {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl State {
+    pub fn of(event: Event, lock: &Lock) -> State {
+        let mut state = State {
+            buf: [0; 128],
+            len: 0,
+        };
+        // At most 12 + 5 * 21 bytes: always fits.
+        state.push(event.word().to_bytes());
+        state.number(lock.fence);
+        state.number(fence_floor().max(lock.fence));
+        if let Some(holder) = &lock.holder {
+            state.number(holder.deadline);
+            state.number(u64::from(holder.holds));
+            state.number(if holder.session { FLAG_SESSION } else { 0 });
+        }
+        state
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(self.buf.len());
+        let take = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&bytes[..take]);
+        self.len = end;
+    }
+
+    /// Appends `:` and the decimal digits of `value` (the formatter machinery is slow here).
+    fn number(&mut self, mut value: u64) {
+        let mut digits = [0u8; 21];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (value % 10) as u8;
+            value /= 10;
+            if value == 0 {
+                break;
+            }
+        }
+        at -= 1;
+        digits[at] = b':';
+        self.push(&digits[at..]);
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The arguments of `LOCK.APPLY` after the key: the state, and the token when held.
 pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
-    let mut args = vec![
-        event.word().to_bytes().to_vec(),
-        lock.fence.to_string().into_bytes(),
-        fence_floor().max(lock.fence).to_string().into_bytes(),
-    ];
+    let mut args = vec![State::of(event, lock).as_bytes().to_vec()];
     if let Some(holder) = &lock.holder {
         args.push(holder.token.to_vec());
-        args.push(holder.deadline.to_string().into_bytes());
-        args.push(holder.holds.to_string().into_bytes());
-        let flags = if holder.session { FLAG_SESSION } else { 0 };
-        args.push(flags.to_string().into_bytes());
     }
     args
 }
@@ -112,44 +159,53 @@ pub struct Effect {
     pub floor: u64,
 }
 
-fn number(arg: &[u8], what: &'static str) -> Result<u64, LockError> {
-    std::str::from_utf8(arg)
-        .ok()
+fn number(field: Option<&[u8]>, what: &'static str) -> Result<u64, LockError> {
+    field
+        .and_then(|f| std::str::from_utf8(f).ok())
         .and_then(|s| s.parse::<u64>().ok())
         .ok_or(LockError::BadEffect(what))
 }
 
 /// Parses the arguments after the key.
 pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
-    let (event, fence, floor, rest) = match args {
-        [event, fence, floor, rest @ ..] => (event, fence, floor, rest),
+    let (state, token) = match args {
+        [state] => (state, None),
+        [state, token] => (state, Some(token)),
         _ => return Err(LockError::WrongArity),
     };
-    let event = Event::parse(event).ok_or(LockError::BadEffect("unknown event"))?;
-    let fence = number(fence, "fence")?;
-    let floor = number(floor, "floor")?;
+    let mut fields = state.split(|b| *b == b':');
+    let event = fields
+        .next()
+        .and_then(Event::parse)
+        .ok_or(LockError::BadEffect("unknown event"))?;
+    let fence = number(fields.next(), "fence")?;
+    let floor = number(fields.next(), "floor")?;
     if fence > MAX_FENCE || floor > MAX_FENCE {
         return Err(LockError::BadEffect("fence out of range"));
     }
-    let holder = match rest {
-        [] => None,
-        [token, deadline, holds, flags] => {
+    let holder = match token {
+        None => None,
+        Some(token) => {
             if token.is_empty() {
                 return Err(LockError::BadEffect("empty token"));
             }
-            let holds = u32::try_from(number(holds, "holds")?)
+            let deadline = number(fields.next(), "deadline")?;
+            let holds = u32::try_from(number(fields.next(), "holds")?)
                 .ok()
                 .filter(|h| *h > 0)
                 .ok_or(LockError::BadEffect("holds"))?;
+            let flags = number(fields.next(), "flags")?;
             Some(Holder {
                 token: token.to_vec().into_boxed_slice(),
-                deadline: number(deadline, "deadline")?,
+                deadline,
                 holds,
-                session: number(flags, "flags")? & FLAG_SESSION != 0,
+                session: flags & FLAG_SESSION != 0,
             })
         }
-        _ => return Err(LockError::WrongArity),
     };
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
     Ok(Effect {
         event,
         lock: Lock { fence, holder },
@@ -225,36 +281,29 @@ pub fn propagate(
     let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
         return;
     };
-    let fence = c_longlong::try_from(lock.fence).unwrap_or(c_longlong::MAX);
-    let floor = c_longlong::try_from(fence_floor().max(lock.fence)).unwrap_or(c_longlong::MAX);
-    let event = event.word().as_ptr();
-    // The same arguments as `effect_args`, formatted by Redis without building strings here:
-    // s = key, c = event word, l = integers, b = the token buffer.
+    let state = State::of(event, lock);
+    let state = state.as_bytes();
+    // s = the key, b = a buffer: Redis builds the few argument strings itself.
     // SAFETY: valid context; every pointer outlives the call; the format matches the arguments.
     unsafe {
         match &lock.holder {
             None => replicate(
                 ctx.ctx,
                 APPLY.as_ptr(),
-                c"scll".as_ptr(),
+                c"sb".as_ptr(),
                 key.inner,
-                event,
-                fence,
-                floor,
+                state.as_ptr(),
+                state.len(),
             ),
             Some(holder) => replicate(
                 ctx.ctx,
                 APPLY.as_ptr(),
-                c"scllblll".as_ptr(),
+                c"sbb".as_ptr(),
                 key.inner,
-                event,
-                fence,
-                floor,
+                state.as_ptr(),
+                state.len(),
                 holder.token.as_ptr(),
                 holder.token.len(),
-                c_longlong::try_from(holder.deadline).unwrap_or(c_longlong::MAX),
-                c_longlong::from(holder.holds),
-                c_longlong::from(holder.session) * FLAG_SESSION as c_longlong,
             ),
         };
     }
@@ -291,6 +340,34 @@ mod tests {
     }
 
     #[test]
+    fn state_formats_every_field() {
+        let held = Lock {
+            fence: 12,
+            holder: Some(Holder {
+                token: b"t".to_vec().into_boxed_slice(),
+                deadline: 18_446_744_073_709_551_615,
+                holds: 3,
+                session: true,
+            }),
+        };
+        let state = State::of(Event::Acquire, &held);
+        let text = std::str::from_utf8(state.as_bytes()).unwrap();
+        let floor = fence_floor().max(12);
+        assert_eq!(text, format!("acquire:12:{floor}:18446744073709551615:3:1"));
+        let free = State::of(
+            Event::Release,
+            &Lock {
+                fence: 0,
+                holder: None,
+            },
+        );
+        assert_eq!(
+            free.as_bytes(),
+            format!("release:0:{}", fence_floor()).as_bytes()
+        );
+    }
+
+    #[test]
     fn effects_round_trip() {
         round_trip(
             Event::Release,
@@ -315,14 +392,17 @@ mod tests {
 
     #[test]
     fn malformed_effects_are_refused() {
-        let bad: [&[&[u8]]; 7] = [
-            &[b"acquire", b"1"],
-            &[b"bogus", b"1", b"1"],
-            &[b"acquire", b"-1", b"1"],
-            &[b"acquire", b"1", b"1", b"tok"],
-            &[b"acquire", b"1", b"1", b"", b"5", b"1", b"0"],
-            &[b"acquire", b"1", b"1", b"tok", b"5", b"0", b"0"],
-            &[b"acquire", b"99999999999999999999", b"1"],
+        let bad: [&[&[u8]]; 10] = [
+            &[b"acquire:1"],
+            &[b"bogus:1:1"],
+            &[b"acquire:-1:1"],
+            &[b"acquire:1:1", b"tok"],
+            &[b"acquire:1:1:5:1:0", b""],
+            &[b"acquire:1:1:5:0:0", b"tok"],
+            &[b"acquire:99999999999999999999:1"],
+            &[b"acquire:1:1:7"],
+            &[b"acquire:1:1:5:1:0:9", b"tok"],
+            &[b"acquire:1:1", b"tok", b"extra"],
         ];
         for args in bad {
             assert!(parse_effect(args).is_err(), "{args:?}");
