@@ -311,6 +311,25 @@ pub fn create_command(
     Ok(())
 }
 
+/// The command's arguments as strings borrowed from Redis for the call: no retain, no free
+/// (`ManuallyDrop` keeps `RedisString`'s Drop from freeing what Redis owns).
+fn borrowed_args(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> Vec<std::mem::ManuallyDrop<RedisString>> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() || count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: Redis passes argc valid strings that live until the command returns.
+    let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
+    raw_args
+        .iter()
+        .map(|&arg| std::mem::ManuallyDrop::new(RedisString::from_redis_module_string(ctx, arg)))
+        .collect()
+}
+
 fn run_command(
     ctx: *mut raw::RedisModuleCtx,
     argv: *mut *mut raw::RedisModuleString,
@@ -319,8 +338,11 @@ fn run_command(
 ) -> c_int {
     let context = Context::new(ctx);
     let outcome = guarded(Err(LockError::Internal), || {
-        let args = redis_module::decode_args(ctx, argv, argc);
-        handler(&context, &args)
+        let args = borrowed_args(ctx, argv, argc);
+        // SAFETY: ManuallyDrop<RedisString> is repr(transparent) over RedisString.
+        let args: &[RedisString] =
+            unsafe { std::slice::from_raw_parts(args.as_ptr().cast(), args.len()) };
+        handler(&context, args)
     });
     guarded((), || {
         context.reply(outcome.map_err(Into::into));
