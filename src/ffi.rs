@@ -948,7 +948,8 @@ unsafe extern "C" fn keyspace_event(
                 | b"move_to"
                 | b"copy_to"
                 | b"restore"
-        ) {
+        ) && waiting::anyone_waiting()
+        {
             let place = (crate::replication::selected_db(&context), name.into());
             if waiting::waiting_on(&place) > 0 {
                 deferred::defer(&context, deferred::Job::SettleKey(place));
