@@ -130,8 +130,15 @@ lint: deps ## Check formatting (cargo fmt) and lints (cargo clippy, warnings are
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-bench: release ## Benchmarks against a baseline measured in the same run (release build)
-	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example handoff
+# The benchmark suite (bench/main.rs): its own redis-server processes, pinned apart from the load
+# (redis-benchmark and the bench's drivers) with taskset; every figure a ratio against a baseline
+# in the same run, median of interleaved rounds. Tables to stdout and bench/results.md, then
+# bench/chart.sh redraws bench/handoff.png (matplotlib from pip into .cache/bench-py). A few
+# minutes; BENCH_QUICK=1 is a fast check (results in target/bench/, chart untouched). Not in CI.
+bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and SET PX (BENCH_QUICK=1: quick)
+	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example bench
+	@bench/chart.sh
+
 
 clean: ## Remove build output (target/); ./data, the Redis files of make run, is kept
 	$(CARGO) clean

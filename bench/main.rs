@@ -1,0 +1,156 @@
+//! The benchmark suite behind `make bench`: every figure is a ratio against a baseline measured
+//! on the same kind of server in the same run, interleaved over several rounds, median reported.
+//!
+//! Sections (all by default, or name some: `cargo run --release --example bench -- contention`):
+//! - `single`: LOCK.ACQUIRE / RELEASE / RENEW / FENCE under redis-benchmark against SET NX PX,
+//!   the compare-and-delete and compare-and-PEXPIRE scripts through EVALSHA, and GET;
+//! - `contention`: 16 clients on one lock, server-side WAIT against polling, pub/sub wake-up
+//!   and spinning; handoff latency against a PING round trip;
+//! - `memory`: bytes per held and per released lock against a SET PX string;
+//! - `scale`: acquire with 1M locks against 1k, and 1M leases that end together.
+//!
+//! The servers are redis-server (`$REDIS_SERVER`) with `$LOCK_MODULE` (`make bench` sets the
+//! release build), each started and stopped by the test harness' Server guard, on loopback.
+//! `BENCH_QUICK=1` runs every section small, for a fast check; its figures are not for quoting.
+//! A full run writes the tables to bench/results.md and the handoff samples of the chart to
+//! target/bench/handoff.csv (bench/chart.sh draws bench/handoff.png from it).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+mod contention;
+mod memory;
+mod scale;
+mod single;
+mod util;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Instant;
+
+use util::{progress, Pinning, Settings};
+
+const SECTIONS: [&str; 4] = ["single", "contention", "memory", "scale"];
+
+/// The 1-minute load average (Linux), to show when something else ran beside the bench.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
+}
+
+fn main() {
+    let started = Instant::now();
+    let load_before = load_average();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    for arg in &args {
+        if !SECTIONS.contains(&arg.as_str()) {
+            eprintln!(
+                "bench: unknown section {arg:?}; sections: {}",
+                SECTIONS.join(" ")
+            );
+            std::process::exit(2);
+        }
+    }
+    let wanted = |name: &str| args.is_empty() || args.iter().any(|a| a == name);
+    if let Err(message) = util::check_redis_benchmark() {
+        eprintln!("bench: {message}");
+        std::process::exit(1);
+    }
+    if load_before.parse::<f64>().is_ok_and(|l| l > 1.0) {
+        eprintln!(
+            "bench: load average {load_before} before starting: something else is running, and \
+             the figures will be noisier"
+        );
+    }
+    let settings = Settings::from_env();
+    let pinning = Pinning::setup();
+    let version = {
+        let server = pinning.server(util::bench_config());
+        let v = server.version();
+        format!("{}.{}.{}", v.0, v.1, v.2)
+    };
+    progress(
+        started,
+        &format!(
+            "Redis {version}, module {}, {}{}",
+            common::module_path().display(),
+            pinning.describe(),
+            if settings.quick { ", BENCH_QUICK" } else { "" }
+        ),
+    );
+
+    let mut sections = Vec::new();
+    let mut goals: Vec<(String, bool)> = Vec::new();
+    let mut show = |table: String, more: Vec<(String, bool)>| {
+        println!("{table}");
+        sections.push(table);
+        goals.extend(more);
+    };
+    if wanted("single") {
+        let out = single::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+    let mut chart = None;
+    if wanted("contention") {
+        let out = contention::run(&settings, &pinning, started);
+        chart = Some(out.chart);
+        show(out.table, out.goals);
+    }
+    if wanted("memory") {
+        let out = memory::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+    if wanted("scale") {
+        let out = scale::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+
+    let mut summary = String::from("### Goals\n\n| goal | |\n|---|---|\n");
+    for (goal, met) in &goals {
+        let _ = writeln!(summary, "| {goal} | {} |", util::verdict(*met));
+    }
+    println!("{summary}");
+
+    let cores = pinning.cores;
+    let mut report = format!(
+        "<!-- Written by `make bench` (bench/main.rs); do not edit by hand. -->\n\n\
+         Redis {version} on {cores} cores, {}; {:.0} s in all; load average {load_before} before, \
+         {} after (the bench alone brings it to about 2){}.\n\n",
+        pinning.describe(),
+        started.elapsed().as_secs_f64(),
+        load_average(),
+        if settings.quick {
+            " (BENCH_QUICK: small runs, not for quoting)"
+        } else {
+            ""
+        }
+    );
+    for section in &sections {
+        report.push_str(section);
+        report.push('\n');
+    }
+    report.push_str(&summary);
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out_dir = root.join("target/bench");
+    std::fs::create_dir_all(&out_dir).expect("create target/bench");
+    let results = if settings.quick || !args.is_empty() {
+        // A quick or partial run never replaces the full results.
+        out_dir.join("results.md")
+    } else {
+        root.join("bench/results.md")
+    };
+    std::fs::write(&results, &report).expect("write results");
+    if let Some(chart) = chart {
+        let mut csv = String::from("series,handoff_us\n");
+        for (series, us) in chart {
+            let _ = writeln!(csv, "{series},{us:.2}");
+        }
+        std::fs::write(out_dir.join("handoff.csv"), csv).expect("write handoff.csv");
+    }
+    progress(
+        started,
+        &format!("done; tables written to {}", results.display()),
+    );
+}

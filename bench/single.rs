@@ -1,0 +1,337 @@
+//! Single commands under redis-benchmark (50 clients, pipelines 1 and 16) against what a client
+//! sends without the module: ACQUIRE vs `SET NX PX`, RELEASE vs the compare-and-delete script
+//! and RENEW vs the compare-and-PEXPIRE script through EVALSHA, FENCE vs GET. Each round runs
+//! every pair back to back, baseline and module in alternating order; the ratio is the median
+//! of the per-round ratios.
+
+use std::fmt::Write;
+use std::time::Instant;
+
+use crate::util::{
+    self, flushdb, info_u64, load_script, lua, median, pair, preload, progress, redis_benchmark,
+    redis_benchmark_db, select, verdict, Pinning, Settings, TOKEN,
+};
+
+const CLIENTS: usize = 50;
+/// redis-benchmark's `-r` for fresh keys: collisions are rare at this range.
+const FRESH_RANGE: usize = 1_000_000_000;
+const TTL: &str = "60000";
+/// The database of the held keys that RENEW and FENCE use.
+const HELD_DB: usize = 1;
+
+/// One row: a module command against its baseline at one pipeline depth.
+struct Row {
+    name: &'static str,
+    baseline: &'static str,
+    pipeline: usize,
+    goal: Option<f64>,
+    module: Vec<f64>,
+    base: Vec<f64>,
+    module_cpu: Vec<f64>,
+    base_cpu: Vec<f64>,
+}
+
+impl Row {
+    fn new(name: &'static str, baseline: &'static str, pipeline: usize, goal: Option<f64>) -> Row {
+        Row {
+            name,
+            baseline,
+            pipeline,
+            goal,
+            module: Vec::new(),
+            base: Vec::new(),
+            module_cpu: Vec::new(),
+            base_cpu: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, base: util::LoadRun, module: util::LoadRun) {
+        self.base.push(base.rps);
+        self.module.push(module.rps);
+        self.base_cpu.push(base.server_cpu_us);
+        self.module_cpu.push(module.server_cpu_us);
+    }
+
+    /// Baseline CPU per request over the module's: above 1, the module costs the server less.
+    fn cpu_ratio(&self) -> f64 {
+        let ratios: Vec<f64> = self
+            .base_cpu
+            .iter()
+            .zip(&self.module_cpu)
+            .map(|(b, m)| b / m)
+            .collect();
+        median(&ratios)
+    }
+
+    fn ratio(&self) -> f64 {
+        let ratios: Vec<f64> = self
+            .module
+            .iter()
+            .zip(&self.base)
+            .map(|(m, b)| m / b)
+            .collect();
+        median(&ratios)
+    }
+}
+
+pub struct Outcome {
+    pub table: String,
+    pub goals: Vec<(String, bool)>,
+}
+
+pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
+    let server = pinning.server(util::bench_config());
+    let mut conn = server.conn();
+    let release_sha = load_script(&mut conn, lua::RELEASE);
+    let renew_sha = load_script(&mut conn, lua::RENEW);
+    let locks_sha = load_script(&mut conn, lua::PRELOAD_LOCKS);
+    let strings_sha = load_script(&mut conn, lua::PRELOAD_STRINGS);
+
+    let mut rows: Vec<Row> = Vec::new();
+    for pipeline in [1, 16] {
+        rows.push(Row::new(
+            "LOCK.ACQUIRE (fresh keys)",
+            "SET key token NX PX ttl",
+            pipeline,
+            Some(0.95),
+        ));
+        rows.push(Row::new(
+            "LOCK.RELEASE",
+            "EVALSHA compare-and-delete",
+            pipeline,
+            Some(1.5),
+        ));
+        rows.push(Row::new(
+            "LOCK.RENEW",
+            "EVALSHA compare-and-PEXPIRE",
+            pipeline,
+            Some(2.0),
+        ));
+        rows.push(Row::new("LOCK.FENCE", "GET", pipeline, None));
+    }
+    let requests = |pipeline: usize| {
+        if pipeline == 1 {
+            settings.requests_p1
+        } else {
+            settings.requests_p16
+        }
+    };
+    let held = settings.held_keys;
+    let mut release_hits = (0u64, 0u64);
+    let mut baseline_hits = (0u64, 0u64);
+
+    // RENEW and FENCE run on `held` locks (and as many strings), all held by TOKEN, in database
+    // 1, loaded once: the other rows flush database 0 before each run.
+    select(&mut conn, HELD_DB);
+    preload(&mut conn, &locks_sha, "l:", held, 50_000, || {
+        vec![TOKEN.into(), "3600000".into()]
+    });
+    preload(&mut conn, &strings_sha, "s:", held, 50_000, || {
+        vec![TOKEN.into(), "3600000".into()]
+    });
+    select(&mut conn, 0);
+    for round in 0..settings.rounds {
+        let module_first = round % 2 == 1;
+        progress(
+            started,
+            &format!("single commands: round {}/{}", round + 1, settings.rounds),
+        );
+        // ACQUIRE vs SET NX PX on fresh keys: an empty database before each run.
+        for pipeline in [1, 16] {
+            let n = requests(pipeline);
+            let (b, m) = pair(module_first, |module| {
+                if !module {
+                    flushdb(&mut conn);
+                    redis_benchmark(
+                        &server,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        FRESH_RANGE,
+                        &["SET", "s:__rand_int__", TOKEN, "NX", "PX", TTL],
+                    )
+                } else {
+                    flushdb(&mut conn);
+                    redis_benchmark(
+                        &server,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        FRESH_RANGE,
+                        &["LOCK.ACQUIRE", "l:__rand_int__", TOKEN, TTL],
+                    )
+                }
+            });
+            row(&mut rows, "LOCK.ACQUIRE (fresh keys)", pipeline).record(b, m);
+        }
+
+        // RENEW and FENCE on the held locks and strings in database 1.
+        for pipeline in [1, 16] {
+            let n = requests(pipeline);
+            let (b, m) = pair(module_first, |module| {
+                if !module {
+                    redis_benchmark_db(
+                        &server,
+                        HELD_DB,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        held,
+                        &["EVALSHA", &renew_sha, "1", "s:__rand_int__", TOKEN, TTL],
+                    )
+                } else {
+                    redis_benchmark_db(
+                        &server,
+                        HELD_DB,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        held,
+                        &["LOCK.RENEW", "l:__rand_int__", TOKEN, TTL],
+                    )
+                }
+            });
+            row(&mut rows, "LOCK.RENEW", pipeline).record(b, m);
+            // The fence 1 is never current: every FENCE looks the lock up and replies 0.
+            let (b, m) = pair(module_first, |module| {
+                if !module {
+                    redis_benchmark_db(
+                        &server,
+                        HELD_DB,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        held,
+                        &["GET", "s:__rand_int__"],
+                    )
+                } else {
+                    redis_benchmark_db(
+                        &server,
+                        HELD_DB,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        held,
+                        &["LOCK.FENCE", "l:__rand_int__", "1"],
+                    )
+                }
+            });
+            row(&mut rows, "LOCK.FENCE", pipeline).record(b, m);
+        }
+
+        // RELEASE vs compare-and-delete: 2n keys held by TOKEN, n releases of random ones, so
+        // most requests find their key held (about 79%) and the rest find it released.
+        for pipeline in [1, 16] {
+            let n = requests(pipeline);
+            let keys = 2 * n;
+            let (b, m) = pair(module_first, |module| {
+                if !module {
+                    flushdb(&mut conn);
+                    preload(&mut conn, &strings_sha, "s:", keys, 50_000, || {
+                        vec![TOKEN.into(), "600000".into()]
+                    });
+                    let result = redis_benchmark(
+                        &server,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        keys,
+                        &["EVALSHA", &release_sha, "1", "s:__rand_int__", TOKEN],
+                    );
+                    let left = conn.call(&["DBSIZE"]).int() as u64;
+                    baseline_hits.0 += keys as u64 - left;
+                    baseline_hits.1 += n as u64;
+                    result
+                } else {
+                    flushdb(&mut conn);
+                    preload(&mut conn, &locks_sha, "l:", keys, 50_000, || {
+                        vec![TOKEN.into(), "600000".into()]
+                    });
+                    let before = info_u64(&mut conn, "lock", "lock_released");
+                    let result = redis_benchmark(
+                        &server,
+                        CLIENTS,
+                        n,
+                        pipeline,
+                        keys,
+                        &["LOCK.RELEASE", "l:__rand_int__", TOKEN],
+                    );
+                    release_hits.0 += info_u64(&mut conn, "lock", "lock_released") - before;
+                    release_hits.1 += n as u64;
+                    result
+                }
+            });
+            row(&mut rows, "LOCK.RELEASE", pipeline).record(b, m);
+        }
+    }
+    drop(conn);
+    drop(server);
+
+    let mut table = String::new();
+    let mut goals = Vec::new();
+    let _ = writeln!(
+        table,
+        "### Single commands\n\nredis-benchmark, {CLIENTS} clients, requests per run: {} (pipeline 1) / \
+         {} (pipeline 16); median of {} interleaved rounds (rps: median run; ratio: median of the \
+         per-round ratios).\n",
+        settings.requests_p1, settings.requests_p16, settings.rounds
+    );
+    let _ = writeln!(
+        table,
+        "| command | baseline | pipeline | module rps | baseline rps | ratio | goal | server CPU µs/req module / baseline | CPU ratio |"
+    );
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|");
+    for row in &rows {
+        let ratio = row.ratio();
+        let goal = match row.goal {
+            Some(goal) => {
+                let met = ratio >= goal;
+                goals.push((
+                    format!(
+                        "{} vs {} (pipeline {})",
+                        row.name, row.baseline, row.pipeline
+                    ),
+                    met,
+                ));
+                format!(">= {goal:.2}x: {}", verdict(met))
+            }
+            None => "-".to_string(),
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.2} / {:.2} | {:.2}x |",
+            row.name,
+            row.baseline,
+            row.pipeline,
+            median(&row.module),
+            median(&row.base),
+            ratio,
+            goal,
+            median(&row.module_cpu),
+            median(&row.base_cpu),
+            row.cpu_ratio()
+        );
+    }
+    let _ = writeln!(
+        table,
+        "\nKeys are `l:`/`s:` + 12 digits; token {} bytes, ttl {TTL} ms. RENEW and FENCE run on {} \
+         held locks (and as many strings); FENCE asks about fence 1, never current, so it replies \
+         0 after the lookup, as GET does its lookup. RELEASE runs on twice as many held keys as \
+         requests: {:.0}% of LOCK.RELEASEs found their lock held ({:.0}% of the scripts found their \
+         string), the rest hit an already released one. Server CPU: the redis-server main thread's \
+         CPU time (schedstat) per request during the run; CPU ratio = baseline / module, so above \
+         1 the module costs the server less. At pipeline 1 the round trip and the socket calls \
+         dominate both sides.",
+        TOKEN.len(),
+        held,
+        100.0 * release_hits.0 as f64 / release_hits.1.max(1) as f64,
+        100.0 * baseline_hits.0 as f64 / baseline_hits.1.max(1) as f64,
+    );
+    Outcome { table, goals }
+}
+
+fn row<'a>(rows: &'a mut [Row], name: &str, pipeline: usize) -> &'a mut Row {
+    rows.iter_mut()
+        .find(|r| r.name == name && r.pipeline == pipeline)
+        .expect("row")
+}
