@@ -162,7 +162,7 @@ fn change(
 ) -> Option<Event> {
     let before = deadline(stored.lock());
     let event = stored.update(change)?;
-    replication::propagate(ctx, key, event, stored.lock(), before);
+    replication::propagate(ctx, key, event, stored, before);
     if event.frees() {
         if sessions::any() {
             sessions::forget(&key_ref(ctx, key));
@@ -332,9 +332,10 @@ pub fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             let mut lock = Lock::default();
             let outcome = grant(&mut lock);
             if outcome.is_ok() {
-                key.set_value(&LOCK_TYPE, Stored::granted(lock.clone()))
+                key.set_value(&LOCK_TYPE, Stored::granted(lock))
                     .map_err(|_| LockError::Internal)?;
-                replication::propagate(ctx, key_name, Event::Acquire, &lock, None);
+                let stored = stored_mut(&key)?.ok_or(LockError::Internal)?;
+                replication::propagate(ctx, key_name, Event::Acquire, stored, None);
             }
             outcome
         }
@@ -580,21 +581,21 @@ pub fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let before = match stored_mut(&key)? {
         Some(stored) => {
             let before = deadline(stored.lock());
-            let lock = effect.lock.clone();
-            stored.update(|current| *current = lock);
+            stored.update(|current| *current = effect.lock);
             before
         }
         None => {
-            key.set_value(&LOCK_TYPE, Stored::new(effect.lock.clone()))
+            key.set_value(&LOCK_TYPE, Stored::new(effect.lock))
                 .map_err(|_| LockError::Internal)?;
             None
         }
     };
+    let stored = stored_mut(&key)?.ok_or(LockError::Internal)?;
     if !ctx.get_flags().contains(ContextFlags::LOADING) {
         count_applied(effect.event);
     }
-    replication::announce(ctx, key_name, effect.event, &effect.lock, before);
-    wake_watchers(ctx, key_name, &effect.lock, now_ms());
+    replication::announce(ctx, key_name, effect.event, stored, before);
+    wake_watchers(ctx, key_name, stored.lock(), now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
@@ -630,17 +631,21 @@ fn count_applied(event: Event) {
 
 /// Expires the lock under `key` (in the selected db) if its lease has run out: the expiry timer's
 /// work on one key.
-pub fn expire_key(ctx: &Context, key_name: &RedisString, now: u64) {
+pub fn expire_key(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
     let key = ctx.open_key_writable(key_name);
     if let Ok(Some(stored)) = stored_mut(&key) {
-        expire_overdue(ctx, key_name, stored, now);
+        // Another lock under this name has an index entry of its own.
+        if stored.id() == id {
+            expire_overdue(ctx, key_name, stored, now);
+        }
     }
 }
 
-/// The lease deadline of the lock under `key`, if it has a holder.
-pub fn lease_deadline(ctx: &Context, key_name: &RedisString) -> Option<u64> {
+/// The id and lease deadline of the lock under `key`, if it has a holder.
+pub fn lease_of(ctx: &Context, key_name: &RedisString) -> Option<(u64, u64)> {
     let key = ctx.open_key(key_name);
-    stored(&key).ok().flatten().and_then(|s| deadline(s.lock()))
+    let stored = stored(&key).ok().flatten()?;
+    deadline(stored.lock()).map(|d| (stored.id(), d))
 }
 
 /// `LOCK.WAIT key timeout-ms`: waits, without taking the lock, until the current grant ends.

@@ -189,13 +189,9 @@ impl Lock {
         self.live_holder(now).map(|h| h.deadline - now)
     }
 
-    /// Bytes this value occupies, for MEMORY USAGE.
-    pub fn mem_usage(&self) -> usize {
-        std::mem::size_of::<Self>()
-            + self
-                .holder
-                .as_ref()
-                .map_or(0, |h| std::mem::size_of::<Holder>() + h.token.len())
+    /// Heap bytes this lock owns beyond its own size (the token), for MEMORY USAGE.
+    pub fn heap_bytes(&self) -> usize {
+        self.holder.as_ref().map_or(0, |h| h.token.len())
     }
 }
 

@@ -23,6 +23,9 @@ const FLAG_SESSION: u64 = 1;
 /// loading values (RDB, RESTORE, full sync), on replicated effects, and from the RDB aux field.
 static FENCE_FLOOR: AtomicU64 = AtomicU64::new(0);
 
+/// The next lock id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 pub fn fence_floor() -> u64 {
     FENCE_FLOOR.load(Ordering::Relaxed)
 }
@@ -35,6 +38,8 @@ pub fn raise_fence_floor(fence: u64) {
 #[derive(Debug)]
 pub struct Stored {
     lock: Lock,
+    /// Unique per value in this process: the lease index's handle on it (never persisted).
+    id: u64,
     /// When the current holder got the lock (monotonic µs), for the hold-time histogram;
     /// unknown for a holder that arrived by loading, RESTORE or COPY.
     held_since: Option<u64>,
@@ -49,8 +54,13 @@ impl Stored {
         }
         Stored {
             lock,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             held_since: None,
         }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// A value created by a grant, whose hold starts now.

@@ -1,16 +1,17 @@
 //! Active expiry of leases on the primary.
 //!
-//! An index of (deadline, db, key) entries, kept in step with grants, renewals and releases,
+//! An index of leases by (deadline, lock id) -> (db, key), kept in step with grants, renewals
+//! and releases (a lock's id is unique per value and lives only in memory),
 //! and a single module timer armed for the earliest deadline. When it fires on a primary it
 //! expires every overdue lock (announcing `lock.expired` and replicating the release), in slices
 //! of a couple of milliseconds so a mass expiry never stalls the event loop. Replicas keep the
 //! index too (they apply the same effects) but never expire anything themselves.
 //!
 //! Entries are hints: a key renamed, moved, deleted or flushed leaves a stale entry, which is
-//! dropped when it comes due. Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE,
+//! dropped when it comes due (the key no longer holds the lock with that id). Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE,
 //! loading) are indexed from keyspace events and by a scan after loading.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -23,16 +24,17 @@ const SLICE: Duration = Duration::from_millis(2);
 /// How often a replica (or a loading server) looks again.
 const IDLE_RECHECK_MS: u64 = 100;
 
-type Entry = (u64, i32, Box<[u8]>);
+/// (deadline, lock id) -> where the lock lives.
+type Entries = BTreeMap<(u64, u64), (i32, Box<[u8]>)>;
 
 struct Index {
-    entries: BTreeSet<Entry>,
+    entries: Entries,
     /// The armed timer and the time it fires.
     armed: Option<(raw::RedisModuleTimerID, u64)>,
 }
 
 static INDEX: Mutex<Index> = Mutex::new(Index {
-    entries: BTreeSet::new(),
+    entries: BTreeMap::new(),
     armed: None,
 });
 
@@ -42,14 +44,17 @@ fn index() -> MutexGuard<'static, Index> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Moves the entry of `key` from `old` to `new` deadline and makes sure the timer fires in time.
-pub fn reindex(ctx: &Context, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
+/// Moves the entry of lock `id` (under `key` in `db`) from `old` to `new` deadline and makes
+/// sure the timer fires in time. A renewal reuses the entry's copy of the key name.
+pub fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
     let mut idx = index();
-    if let Some(old) = old {
-        idx.entries.remove(&(old, db, key.into()));
-    }
+    let previous = old.and_then(|old| idx.entries.remove(&(old, id)));
     if let Some(new) = new {
-        idx.entries.insert((new, db, key.into()));
+        let place = match previous {
+            Some((was_db, name)) if was_db == db && *name == *key => (was_db, name),
+            _ => (db, key.into()),
+        };
+        idx.entries.insert((new, id), place);
         arm(ctx, &mut idx, new);
     }
 }
@@ -108,13 +113,15 @@ pub fn on_timer(ctx: &Context) {
     loop {
         let due = {
             let mut idx = index();
-            match idx.entries.first() {
-                Some((deadline, _, _)) if *deadline <= now => idx.entries.pop_first(),
+            match idx.entries.first_key_value() {
+                Some(((deadline, _), _)) if *deadline <= now => idx.entries.pop_first(),
                 _ => None,
             }
         };
-        let Some((_, db, key)) = due else { break };
-        expire_key(ctx, db, &key, now);
+        let Some(((_, id), (db, key))) = due else {
+            break;
+        };
+        expire_key(ctx, id, db, &key, now);
         if started.elapsed() >= SLICE {
             more_due = true;
             break;
@@ -125,19 +132,19 @@ pub fn on_timer(ctx: &Context) {
     let next = if more_due {
         Some(now)
     } else {
-        idx.entries.first().map(|(d, _, _)| *d)
+        idx.entries.first_key_value().map(|((d, _), _)| *d)
     };
     if let Some(next) = next {
         arm(ctx, &mut idx, next);
     }
 }
 
-fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
+fn expire_key(ctx: &Context, id: u64, db: i32, key: &[u8], now: u64) {
     if !replication::select_db(ctx, db) {
         return;
     }
     let name = replication::key_string(ctx, key);
-    commands::expire_key(ctx, &name, now);
+    commands::expire_key(ctx, &name, id, now);
 }
 
 /// Indexes the lock under `key` in the selected db, if it is held (keyspace events for keys
@@ -145,9 +152,9 @@ fn expire_key(ctx: &Context, db: i32, key: &[u8], now: u64) {
 pub fn index_key(ctx: &Context, key: &[u8]) {
     let db = replication::selected_db(ctx);
     let name = replication::key_string(ctx, key);
-    if let Some(deadline) = commands::lease_deadline(ctx, &name) {
+    if let Some((id, deadline)) = commands::lease_of(ctx, &name) {
         let mut idx = index();
-        idx.entries.insert((deadline, db, key.into()));
+        idx.entries.insert((deadline, id), (db, key.into()));
         arm(ctx, &mut idx, deadline);
     }
 }
@@ -156,7 +163,7 @@ pub fn index_key(ctx: &Context, key: &[u8]) {
 pub fn forget_db(db: Option<i32>) {
     let mut idx = index();
     match db {
-        Some(db) => idx.entries.retain(|(_, d, _)| *d != db),
+        Some(db) => idx.entries.retain(|_, (d, _)| *d != db),
         None => idx.entries.clear(),
     }
 }
@@ -164,16 +171,18 @@ pub fn forget_db(db: Option<i32>) {
 /// Rebuilds the index from the keyspace (after loading, SWAPDB).
 pub fn rebuild(ctx: &Context) {
     let original_db = replication::selected_db(ctx);
-    let mut found: Vec<Entry> = Vec::new();
+    let mut found = Entries::new();
     let mut db = 0;
     while replication::select_db(ctx, db) {
-        crate::ffi::scan_locks(ctx, |key, deadline| found.push((deadline, db, key.into())));
+        crate::ffi::scan_locks(ctx, |key, id, deadline| {
+            found.insert((deadline, id), (db, key.into()));
+        });
         db += 1;
     }
     replication::select_db(ctx, original_db);
     let mut idx = index();
-    idx.entries = found.into_iter().collect();
-    if let Some(first) = idx.entries.first().map(|(d, _, _)| *d) {
+    idx.entries = found;
+    if let Some(first) = idx.entries.first_key_value().map(|((d, _), _)| *d) {
         arm(ctx, &mut idx, first);
     }
 }

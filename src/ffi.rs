@@ -669,7 +669,7 @@ pub unsafe extern "C" fn aof_rewrite(
 /// `value` is a `Stored` this module created.
 pub unsafe extern "C" fn mem_usage(value: *const c_void) -> usize {
     guarded(0, || {
-        std::mem::size_of::<Stored>() + (*value.cast::<Stored>()).lock().mem_usage()
+        std::mem::size_of::<Stored>() + (*value.cast::<Stored>()).lock().heap_bytes()
     })
 }
 
@@ -760,7 +760,7 @@ pub unsafe extern "C" fn expiry_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut
 }
 
 struct ScanState<'a> {
-    found: &'a mut dyn FnMut(&[u8], u64),
+    found: &'a mut dyn FnMut(&[u8], u64, u64),
 }
 
 unsafe extern "C" fn scan_one(
@@ -790,13 +790,17 @@ unsafe extern "C" fn scan_one(
         let stored = &*get_value(key).cast::<Stored>();
         if let Some(holder) = &stored.lock().holder {
             let state = &mut *privdata.cast::<ScanState>();
-            (state.found)(RedisString::string_as_slice(name), holder.deadline);
+            (state.found)(
+                RedisString::string_as_slice(name),
+                stored.id(),
+                holder.deadline,
+            );
         }
     });
 }
 
-/// Calls `found` with the name and deadline of every held lock in the selected db.
-pub fn scan_locks(ctx: &Context, mut found: impl FnMut(&[u8], u64)) {
+/// Calls `found` with the name, lock id and deadline of every held lock in the selected db.
+pub fn scan_locks(ctx: &Context, mut found: impl FnMut(&[u8], u64, u64)) {
     let mut state = ScanState { found: &mut found };
     // SAFETY: valid context; the cursor is freed below; privdata outlives the scan.
     unsafe {

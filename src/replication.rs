@@ -11,7 +11,7 @@ use std::ffi::CStr;
 use redis_module::{raw, Context, NotifyEvent, RedisString};
 
 use crate::core::{Holder, Lock, MAX_FENCE};
-use crate::datatype::{fence_floor, raise_fence_floor};
+use crate::datatype::{fence_floor, raise_fence_floor, Stored};
 use crate::error::LockError;
 use crate::expiry;
 
@@ -251,9 +251,10 @@ pub fn announce(
     ctx: &Context,
     key: &RedisString,
     event: Event,
-    lock: &Lock,
+    stored: &Stored,
     old_deadline: Option<u64>,
 ) {
+    let lock = stored.lock();
     // SAFETY: valid context and key string for the duration of the call.
     unsafe {
         if let Some(signal) = raw::RedisModule_SignalModifiedKey {
@@ -276,7 +277,14 @@ pub fn announce(
     let db = selected_db(ctx);
     let new_deadline = lock.holder.as_ref().map(|h| h.deadline);
     if old_deadline != new_deadline {
-        expiry::reindex(ctx, db, key.as_slice(), old_deadline, new_deadline);
+        expiry::reindex(
+            ctx,
+            stored.id(),
+            db,
+            key.as_slice(),
+            old_deadline,
+            new_deadline,
+        );
     }
 }
 
@@ -285,10 +293,11 @@ pub fn propagate(
     ctx: &Context,
     key: &RedisString,
     event: Event,
-    lock: &Lock,
+    stored: &Stored,
     old_deadline: Option<u64>,
 ) {
-    announce(ctx, key, event, lock, old_deadline);
+    announce(ctx, key, event, stored, old_deadline);
+    let lock = stored.lock();
     // SAFETY: reading the API table Redis filled in at load.
     let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
         return;
