@@ -139,6 +139,49 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example bench
 	@bench/chart.sh
 
+# The chaos suite (tests/chaos.rs): many clients, a fenced store as oracle, and kill -9, restarts,
+# pauses, DEBUG RELOAD, BGREWRITEAOF and failovers under load, plus the command and RESTORE
+# fuzzer; then the model-based property tests of the lock core with more walks. Each scenario
+# prints its grants, accepted and rejected writes and invariant violations; the summary is
+# printed again at the end (from CHAOS_REPORT_FILE). `make test` runs the same file at a quick
+# scale; chaos-ci is the reduced run CI does (a few minutes on 2 cores).
+CHAOS_REPORT_FILE := $(CURDIR)/target/chaos-report.txt
+CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \
+	LOCK_MODEL_CASES=$(2) $(CARGO) test --lib model_tests || status=1; \
+	CHAOS_SCALE=$(1) CHAOS_REPORT=$(CHAOS_REPORT_FILE) $(CARGO) test --release --test chaos \
+		-- --test-threads=1 --nocapture || status=1; \
+	echo; echo "== chaos ($(1) scale): per scenario"; cat $(CHAOS_REPORT_FILE) 2>/dev/null; \
+	exit $$status
+
+.PHONY: chaos chaos-ci valgrind
+
+chaos: debug ## Chaos suite at full scale (faults, fenced-store oracle, 1M+ fuzzed commands); prints counts
+	@$(call CHAOS_RUN,full,3000)
+
+chaos-ci: debug ## The reduced chaos suite that CI runs (about 3 minutes)
+	@$(call CHAOS_RUN,ci,300)
+
+# Integration tests with every redis-server under valgrind memcheck (.ci/valgrind/redis-server),
+# then a summary of the logs (.ci/valgrind/summary): definitely lost blocks and invalid reads and
+# writes, in total and in the module. Fails on a module leak or any invalid access; test failures
+# caused by valgrind's slowness are shown but do not fail the target.
+VALGRIND_LOG_DIR := $(CURDIR)/target/valgrind
+VALGRIND_SUITES  ?= commands waiting expiry notifications persistence replication operability
+valgrind: debug ## Integration tests with redis-server under valgrind; prints leaks and invalid accesses
+	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind: not installed (Debian: apt-get install valgrind)"; exit 1; }
+	@rm -rf $(VALGRIND_LOG_DIR); mkdir -p $(VALGRIND_LOG_DIR)
+	@real="$$(command -v "$(REDIS_SERVER)")" || { echo "no $(REDIS_SERVER)"; exit 1; }; \
+	VALGRIND_LOG_DIR=$(VALGRIND_LOG_DIR) VALGRIND_REDIS_SERVER="$$real" \
+	REDIS_SERVER=$(CURDIR)/.ci/valgrind/redis-server \
+		$(CARGO) test --no-fail-fast $(foreach s,$(VALGRIND_SUITES),--test $(s)) -- --test-threads=2 \
+		> $(VALGRIND_LOG_DIR)/tests.log 2>&1; \
+	echo "valgrind: tests: $$(grep -h '^test result' $(VALGRIND_LOG_DIR)/tests.log | \
+		awk '{p+=$$4; f+=$$6} END {print p" passed, "f" failed"}') (under valgrind; log: $(VALGRIND_LOG_DIR)/tests.log)"; \
+	grep -E '^    [a-z_]+$$' $(VALGRIND_LOG_DIR)/tests.log | sed 's/^ */valgrind:   failed: /' || true; \
+	for i in $$(seq 1 120); do pgrep -f '[v]algrind.bin .*$(VALGRIND_LOG_DIR)' >/dev/null || break; sleep 1; done; \
+	left="$$(pgrep -f '[v]algrind.bin .*$(VALGRIND_LOG_DIR)')"; \
+	if [ -n "$$left" ]; then echo "valgrind: servers still running after 2 minutes, killed: $$left"; kill -KILL $$left; fi; \
+	python3 $(CURDIR)/.ci/valgrind/summary $(VALGRIND_LOG_DIR)
 
 clean: ## Remove build output (target/); ./data, the Redis files of make run, is kept
 	$(CARGO) clean

@@ -71,13 +71,20 @@ impl LockError {
         }
     }
 
-    /// An unknown option as typed, made printable and short (it never holds the token: the
-    /// token is always a positional argument).
+    /// An unknown option as typed, made printable ASCII and short (it never holds the token:
+    /// the token is always a positional argument).
     pub fn unknown_option(raw: &[u8]) -> LockError {
-        let shown: String = String::from_utf8_lossy(raw)
-            .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
+        // Printable ASCII only: error replies are single protocol lines.
+        let shown: String = raw
+            .iter()
             .take(64)
+            .map(|&b| {
+                if b.is_ascii_graphic() || b == b' ' {
+                    char::from(b)
+                } else {
+                    '?'
+                }
+            })
             .collect();
         LockError::UnknownOption(shown)
     }
@@ -96,5 +103,19 @@ impl From<LockError> for RedisError {
             LockError::WrongType => RedisError::WrongType,
             other => RedisError::String(other.reply()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_options_are_shown_as_short_printable_ascii() {
+        let shown = LockError::unknown_option("x\u{100}\u{e9}\0\r\nfoo bar".as_bytes()).reply();
+        assert_eq!(shown, "ERR unknown option 'x???????foo bar'");
+        assert!(shown.bytes().all(|b| b.is_ascii_graphic() || b == b' '));
+        let long = LockError::unknown_option(&[b'a'; 100]).reply();
+        assert_eq!(long, format!("ERR unknown option '{}'", "a".repeat(64)));
     }
 }

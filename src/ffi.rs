@@ -344,10 +344,29 @@ fn run_command(
             unsafe { std::slice::from_raw_parts(args.as_ptr().cast(), args.len()) };
         handler(&context, args)
     });
-    guarded((), || {
-        context.reply(outcome.map_err(Into::into));
-    });
+    reply_or_fallback(&context, outcome);
     OK
+}
+
+/// Sends the reply; if building it fails (a bug), still answers the client with an error so it
+/// never waits for a reply that will not come.
+fn reply_or_fallback(context: &Context, outcome: CommandResult) {
+    let replied = guarded(false, || {
+        context.reply(outcome.map_err(Into::into));
+        true
+    });
+    if !replied {
+        // SAFETY: valid context; static NUL-terminated message.
+        unsafe {
+            if let Some(reply_error) = raw::RedisModule_ReplyWithError {
+                reply_error(
+                    context.ctx,
+                    c"ERR internal error in the lock module; details are in the server log"
+                        .as_ptr(),
+                );
+            }
+        }
+    }
 }
 
 macro_rules! command_entry {
@@ -428,9 +447,7 @@ unsafe extern "C" fn wait_ready(
     });
     match served {
         Some(reply) => {
-            guarded((), || {
-                context.reply(reply.map_err(Into::into));
-            });
+            reply_or_fallback(&context, reply);
             OK
         }
         None => ERR,
@@ -448,9 +465,7 @@ unsafe extern "C" fn wait_ended(
         Some(tag) => commands::on_wait_ended(tag),
         None => Err(LockError::Internal),
     });
-    guarded((), || {
-        context.reply(reply.map_err(Into::into));
-    });
+    reply_or_fallback(&context, reply);
     OK
 }
 

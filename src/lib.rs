@@ -160,11 +160,16 @@ pub static COMMANDS: &[CommandDef] = &[
 
 /// Everything the module registers, in order. Called once from `RedisModule_OnLoad`.
 fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String> {
+    // Arguments first: a refused load must not leave a registered data type behind (Redis
+    // never frees it).
+    config::check_arg_names(args)?;
+    let defaults = config::ALL
+        .iter()
+        .map(|config| config::value_from_args(config, args))
+        .collect::<Result<Vec<_>, _>>()?;
     ffi::set_module_options(ctx);
     ffi::create_data_type(ctx)?;
-    config::check_arg_names(args)?;
-    for config in config::ALL {
-        let default = config::value_from_args(config, args)?;
+    for (config, default) in config::ALL.into_iter().zip(defaults) {
         ffi::register_config(ctx, config, default)?;
     }
     ffi::load_configs(ctx)?;
