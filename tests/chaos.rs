@@ -842,45 +842,6 @@ fn fences_now(server: &Server, keys: &[String]) -> HashMap<String, u64> {
         .collect()
 }
 
-fn signal(sig: &str, pid: u32) -> bool {
-    Command::new("kill")
-        .arg(sig)
-        .arg(pid.to_string())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// A process stopped with SIGSTOP; continued when this drops, whatever happens.
-struct Stopped {
-    pid: u32,
-    running: bool,
-}
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        assert!(signal("-STOP", pid), "kill -STOP {pid}");
-        Stopped {
-            pid,
-            running: false,
-        }
-    }
-    fn resume(&mut self) {
-        if !self.running {
-            assert!(signal("-CONT", self.pid), "kill -CONT {}", self.pid);
-            self.running = true;
-        }
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !self.running {
-            signal("-CONT", self.pid);
-        }
-    }
-}
-
 /// Runs `clients` against the shared state while `controller` injects faults.
 fn run_load(sh: &Shared, controller: impl FnOnce()) {
     thread::scope(|s| {

@@ -95,40 +95,6 @@ fn gauges(server: &Server) -> (i64, i64, i64) {
     (f["lock_held"], f["lock_waiters"], f["lock_keys"])
 }
 
-fn blocked(server: &Server) -> i64 {
-    server.info_int("blocked_clients")
-}
-
-fn wait_blocked(server: &Server, count: i64) {
-    wait_for(&format!("{count} blocked clients"), || {
-        (blocked(server) == count).then_some(())
-    });
-}
-
-/// Sends `LOCK.ACQUIRE key token 60000 WAIT timeout` on a new connection and waits until the
-/// server has blocked it.
-fn queue_waiter(server: &Server, key: &str, token: &str, timeout: u64) -> Conn {
-    let before = blocked(server);
-    let mut conn = server.conn();
-    conn.send(&[
-        "LOCK.ACQUIRE",
-        key,
-        token,
-        "60000",
-        "WAIT",
-        &timeout.to_string(),
-    ]);
-    wait_blocked(server, before + 1);
-    conn
-}
-
-fn granted(conn: &mut Conn) -> i64 {
-    match conn.read() {
-        Reply::Int(fence) => fence,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
 fn error_text(reply: &Reply) -> &str {
     match reply {
         Reply::Error(text) => text,
@@ -275,7 +241,7 @@ fn acquire_wait_that_times_out_counts_a_timeout_and_no_grant() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 60_000);
-    let mut w = queue_waiter(&server, "k", "b", 500);
+    let mut w = queue_waiter(&server, "k", "b", 60_000, 500);
     // While it waits it is a waiter (and not yet contended or timed out).
     assert_counts(
         &server,
@@ -499,7 +465,7 @@ fn gauges_follow_a_deleted_lock_handed_to_its_waiter() {
     let server = Server::start();
     let mut c = server.conn();
     let first = acquire(&mut c, "k", "a", 60_000);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 60_000, 0);
     assert_eq!(gauges(&server), (1, 1, 1));
     assert_eq!(c.call(&["DEL", "k"]), Reply::Int(1));
     let fence = granted(&mut w);
@@ -521,7 +487,7 @@ fn waiters_gauge_follows_watchers_disconnects_and_client_unblock() {
     let unblocked_id = unblocked.call(&["CLIENT", "ID"]).int();
     unblocked.send(&["LOCK.ACQUIRE", "k", "b", "60000", "WAIT", "0"]);
     wait_blocked(&server, 2);
-    let gone = queue_waiter(&server, "k", "c", 0);
+    let gone = queue_waiter(&server, "k", "c", 60_000, 0);
     assert_eq!(gauges(&server), (1, 3, 1));
     assert_eq!(lock_field(&mut c, "k", "waiters"), Reply::Int(3));
 
@@ -556,7 +522,7 @@ fn gauges_follow_expiry_and_handover_to_a_waiter() {
     // Leases long enough that the waiter is queued and the gauges read before they end.
     acquire(&mut c, "k", "a", 400);
     acquire(&mut c, "lone", "b", 300);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 60_000, 0);
     assert_eq!(gauges(&server), (2, 1, 2));
     granted(&mut w);
     wait_for("both leases expired", || {
@@ -576,7 +542,7 @@ fn gauges_follow_flushall_sync_and_async() {
     acquire(&mut c, "b", "t", 60_000);
     acquire(&mut c, "free", "t", 60_000);
     assert_eq!(c.call(&["LOCK.RELEASE", "free", "t"]), Reply::Int(1));
-    let mut w = queue_waiter(&server, "a", "w", 0);
+    let mut w = queue_waiter(&server, "a", "w", 60_000, 0);
     assert_eq!(gauges(&server), (2, 1, 3));
     assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
     // The waiter competes for a fresh lock, and wins it.
@@ -693,7 +659,7 @@ fn acquire_wait_summary_records_a_waiter_that_waited_200ms() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 60_000);
-    let mut w = queue_waiter(&server, "k", "b", 5_000);
+    let mut w = queue_waiter(&server, "k", "b", 60_000, 5_000);
     let queued = Instant::now();
     // A deliberate wait: the point is its duration.
     sleep(Duration::from_millis(200).saturating_sub(queued.elapsed()));
@@ -875,7 +841,7 @@ fn config_set_in_bounds_applies_to_the_next_command() {
         Reply::error("ERR invalid token: longer than lock.max-token-len (8 bytes)")
     );
     acquire(&mut c, "k", "12345678", 60_000);
-    let _w = queue_waiter(&server, "k", "w", 0);
+    let _w = queue_waiter(&server, "k", "w", 60_000, 0);
     assert_eq!(
         c.call(&["LOCK.ACQUIRE", "k", "x", "5000", "WAIT", "0"]),
         Reply::error("ERR too many waiters on this lock (lock.max-waiters is 1)")
@@ -1419,7 +1385,7 @@ fn lock_info_client_list_and_info_never_show_the_token() {
     let mut c = server.conn();
     acquire(&mut c, "k", TOKEN, 60_000);
     let waiter_token = format!("{TOKEN}-waiter");
-    let _w = queue_waiter(&server, "k", &waiter_token, 0);
+    let _w = queue_waiter(&server, "k", &waiter_token, 60_000, 0);
     let mut c3 = server.conn3();
     for reply in [
         c.call(&["LOCK.INFO", "k"]),

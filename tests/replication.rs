@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 
-use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -97,48 +96,6 @@ fn repl_int(server: &Server, field: &str) -> i64 {
         .unwrap_or_else(|| panic!("no INFO field {field}"))
         .parse()
         .expect("integer")
-}
-
-/// Sends a signal with kill(1).
-fn signal(sig: &str, pid: u32) -> bool {
-    Command::new("kill")
-        .arg(sig)
-        .arg(pid.to_string())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-/// A process stopped with SIGSTOP, continued with SIGCONT when this drops (also when a test
-/// fails while it is stopped).
-struct Stopped {
-    pid: u32,
-    running: bool,
-}
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        assert!(signal("-STOP", pid), "kill -STOP {pid}");
-        Stopped {
-            pid,
-            running: false,
-        }
-    }
-
-    fn resume(&mut self) {
-        if !self.running {
-            assert!(signal("-CONT", self.pid), "kill -CONT {}", self.pid);
-            self.running = true;
-        }
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        if !self.running {
-            signal("-CONT", self.pid);
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

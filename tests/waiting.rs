@@ -8,48 +8,14 @@ use std::thread;
 
 use common::*;
 
-fn blocked(server: &Server) -> i64 {
-    server.info_int("blocked_clients")
-}
-
-fn wait_blocked(server: &Server, count: i64) {
-    wait_for(&format!("{count} blocked clients"), || {
-        (blocked(server) == count).then_some(())
-    });
-}
-
-/// Sends `LOCK.ACQUIRE key token ttl WAIT timeout` on a new connection and waits until the
-/// server has blocked it (so queue order is known).
-fn queue_waiter(server: &Server, key: &str, token: &str, timeout: u64) -> Conn {
-    let before = blocked(server);
-    let mut conn = server.conn();
-    conn.send(&[
-        "LOCK.ACQUIRE",
-        key,
-        token,
-        "10000",
-        "WAIT",
-        &timeout.to_string(),
-    ]);
-    wait_blocked(server, before + 1);
-    conn
-}
-
-fn granted(conn: &mut Conn) -> i64 {
-    match conn.read() {
-        Reply::Int(fence) => fence,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
 #[test]
 fn waiters_are_granted_in_arrival_order_with_growing_fences() {
     let server = Server::start();
     let mut c = server.conn();
     let first = acquire(&mut c, "k", "a", 10_000);
-    let mut b = queue_waiter(&server, "k", "b", 0);
-    let mut d = queue_waiter(&server, "k", "d", 0);
-    let mut e = queue_waiter(&server, "k", "e", 0);
+    let mut b = queue_waiter(&server, "k", "b", 10_000, 0);
+    let mut d = queue_waiter(&server, "k", "d", 10_000, 0);
+    let mut e = queue_waiter(&server, "k", "e", 10_000, 0);
     assert_eq!(lock_field(&mut c, "k", "waiters"), Reply::Int(3));
     assert_eq!(server.info_int("lock_waiters"), 3);
 
@@ -76,7 +42,7 @@ fn lock_is_handed_over_on_expiry_force_release_and_del() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 200);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     let fence = granted(&mut w);
     assert_eq!(server.info_int("lock_expired"), 1);
     assert_eq!(
@@ -84,14 +50,14 @@ fn lock_is_handed_over_on_expiry_force_release_and_del() {
         Reply::Int(1)
     );
 
-    let mut x = queue_waiter(&server, "k", "x", 0);
+    let mut x = queue_waiter(&server, "k", "x", 10_000, 0);
     assert_eq!(c.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1));
     let fence_x = granted(&mut x);
     assert!(fence_x > fence);
 
     for delete in ["DEL", "UNLINK"] {
         let before = fence_of(&mut c, "k");
-        let mut y = queue_waiter(&server, "k", "y", 0);
+        let mut y = queue_waiter(&server, "k", "y", 10_000, 0);
         assert_eq!(c.call(&[delete, "k"]), Reply::Int(1));
         let fence_y = granted(&mut y);
         assert!(fence_y > before, "{delete}: {fence_y} > {before}");
@@ -101,7 +67,7 @@ fn lock_is_handed_over_on_expiry_force_release_and_del() {
     }
 
     let before = fence_of(&mut c, "k");
-    let mut z = queue_waiter(&server, "k", "z", 0);
+    let mut z = queue_waiter(&server, "k", "z", 10_000, 0);
     assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
     assert!(granted(&mut z) > before);
 }
@@ -128,7 +94,7 @@ fn wait_zero_waits_without_limit() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let mut forever = queue_waiter(&server, "k", "f", 0);
+    let mut forever = queue_waiter(&server, "k", "f", 10_000, 0);
     // A second waiter with a short timeout times out while the first keeps waiting.
     let mut short = server.conn();
     assert_eq!(
@@ -145,8 +111,8 @@ fn disconnected_waiter_is_never_granted() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let gone = queue_waiter(&server, "k", "gone", 0);
-    let mut next = queue_waiter(&server, "k", "next", 0);
+    let gone = queue_waiter(&server, "k", "gone", 10_000, 0);
+    let mut next = queue_waiter(&server, "k", "next", 10_000, 0);
     drop(gone);
     wait_blocked(&server, 1);
     assert_eq!(lock_field(&mut c, "k", "waiters"), Reply::Int(1));
@@ -162,14 +128,14 @@ fn client_unblock_cancels_a_wait_without_granting() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     let id = w_id(&server);
     assert_eq!(
         c.call(&["CLIENT", "UNBLOCK", &id.to_string()]),
         Reply::Int(1)
     );
     assert_eq!(w.read(), Reply::Nil);
-    let mut e = queue_waiter(&server, "k", "e", 0);
+    let mut e = queue_waiter(&server, "k", "e", 10_000, 0);
     let id = w_id(&server);
     assert_eq!(
         c.call(&["CLIENT", "UNBLOCK", &id.to_string(), "ERROR"]),
@@ -201,7 +167,7 @@ fn non_waiting_acquire_never_overtakes_queued_waiters() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     c.call(&["MULTI"]);
     c.call(&["LOCK.RELEASE", "k", "a"]);
     c.call(&["LOCK.ACQUIRE", "k", "intruder", "10000"]);
@@ -223,7 +189,7 @@ fn holder_may_reacquire_even_with_waiters_queued() {
     let server = Server::start();
     let mut c = server.conn();
     let fence = acquire(&mut c, "k", "a", 10_000);
-    let _w = queue_waiter(&server, "k", "w", 0);
+    let _w = queue_waiter(&server, "k", "w", 10_000, 0);
     assert_eq!(
         c.call(&[
             "LOCK.ACQUIRE",
@@ -248,8 +214,8 @@ fn max_waiters_bounds_the_queue_with_a_clear_error() {
         Reply::status("OK")
     );
     acquire(&mut c, "k", "a", 10_000);
-    let _w1 = queue_waiter(&server, "k", "w1", 0);
-    let _w2 = queue_waiter(&server, "k", "w2", 0);
+    let _w1 = queue_waiter(&server, "k", "w1", 10_000, 0);
+    let _w2 = queue_waiter(&server, "k", "w2", 10_000, 0);
     assert_eq!(
         c.call(&["LOCK.ACQUIRE", "k", "w3", "10000", "WAIT", "1000"]),
         Reply::error("ERR too many waiters on this lock (lock.max-waiters is 2)")
@@ -283,7 +249,7 @@ fn demoted_primary_answers_waiters_with_an_error_never_a_grant() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     server.replicate_from(&other);
     assert!(matches!(w.read(), Reply::Error(m) if m.starts_with("UNBLOCKED")));
     assert_eq!(server.info_int("lock_waiters"), 0);
@@ -299,7 +265,7 @@ fn session_lock_is_released_when_its_connection_closes_and_handed_over() {
         other => panic!("{other:?}"),
     };
     assert_eq!(lock_field(&mut c, "k", "session"), Reply::Int(1));
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     drop(owner);
     let next = granted(&mut w);
     assert!(next > fence);
@@ -374,7 +340,7 @@ fn grants_to_waiters_are_replicated_as_effects() {
     replica.replicate_from(&primary);
     let mut c = primary.conn();
     acquire(&mut c, "k", "a", 10_000);
-    let mut w = queue_waiter(&primary, "k", "w", 0);
+    let mut w = queue_waiter(&primary, "k", "w", 10_000, 0);
     c.call(&["LOCK.RELEASE", "k", "a"]);
     let fence = granted(&mut w);
     primary.sync_replicas(1);
@@ -417,7 +383,7 @@ fn lock_wait_also_ends_when_the_lock_changes_hands() {
     let mut watcher = server.conn();
     watcher.send(&["LOCK.WAIT", "k", "0"]);
     wait_blocked(&server, 1);
-    let mut next = queue_waiter(&server, "k", "b", 0);
+    let mut next = queue_waiter(&server, "k", "b", 10_000, 0);
     c.call(&["LOCK.RELEASE", "k", "a"]);
     granted(&mut next);
     assert_eq!(watcher.read(), Reply::Int(1));
@@ -504,7 +470,7 @@ fn mutual_exclusion_under_contention() {
     c.call(&["SET", "counter", "0"]);
     acquire(&mut c, "lock", "gate", 60_000);
     let quitters: Vec<Conn> = (0..10)
-        .map(|i| queue_waiter_ttl(&server, "lock", &format!("quitter-{i}"), 600_000))
+        .map(|i| queue_waiter(&server, "lock", &format!("quitter-{i}"), 600_000, 0))
         .collect();
     drop(quitters);
     wait_blocked(&server, 0);
@@ -556,14 +522,6 @@ fn mutual_exclusion_under_contention() {
     assert_eq!(server.info_int("lock_waiters"), 0);
 }
 
-fn queue_waiter_ttl(server: &Server, key: &str, token: &str, ttl: u64) -> Conn {
-    let before = blocked(server);
-    let mut conn = server.conn();
-    conn.send(&["LOCK.ACQUIRE", key, token, &ttl.to_string(), "WAIT", "0"]);
-    wait_blocked(server, before + 1);
-    conn
-}
-
 #[test]
 fn a_free_lock_renamed_onto_a_waited_key_goes_to_the_head_waiter() {
     let server = Server::start();
@@ -571,7 +529,7 @@ fn a_free_lock_renamed_onto_a_waited_key_goes_to_the_head_waiter() {
     let held = acquire(&mut c, "k", "a", 10_000);
     let src = acquire(&mut c, "src", "s", 10_000);
     assert_eq!(c.call(&["LOCK.RELEASE", "src", "s"]), Reply::Int(1));
-    let mut w = queue_waiter(&server, "k", "w", 0);
+    let mut w = queue_waiter(&server, "k", "w", 10_000, 0);
     assert_eq!(c.call(&["RENAME", "src", "k"]), Reply::status("OK"));
     let fence = granted(&mut w);
     assert!(fence > held && fence > src);

@@ -589,3 +589,84 @@ impl Server {
         (next(), next(), next())
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Blocked clients and stopped processes, shared by the waiting, operability, replication and
+// chaos suites.
+
+pub fn blocked(server: &Server) -> i64 {
+    server.info_int("blocked_clients")
+}
+
+pub fn wait_blocked(server: &Server, count: i64) {
+    wait_for(&format!("{count} blocked clients"), || {
+        (blocked(server) == count).then_some(())
+    });
+}
+
+/// Sends `LOCK.ACQUIRE key token ttl WAIT timeout` on a new connection and waits until the
+/// server has blocked it (so queue order is known).
+pub fn queue_waiter(server: &Server, key: &str, token: &str, ttl: u64, timeout: u64) -> Conn {
+    let before = blocked(server);
+    let mut conn = server.conn();
+    conn.send(&[
+        "LOCK.ACQUIRE",
+        key,
+        token,
+        &ttl.to_string(),
+        "WAIT",
+        &timeout.to_string(),
+    ]);
+    wait_blocked(server, before + 1);
+    conn
+}
+
+/// Reads a grant (the fence) from a waiting connection.
+pub fn granted(conn: &mut Conn) -> i64 {
+    match conn.read() {
+        Reply::Int(fence) => fence,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Sends a signal with kill(1).
+pub fn signal(sig: &str, pid: u32) -> bool {
+    Command::new("kill")
+        .arg(sig)
+        .arg(pid.to_string())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// A process stopped with SIGSTOP, continued with SIGCONT when this drops (also when a test
+/// fails while it is stopped).
+pub struct Stopped {
+    pid: u32,
+    running: bool,
+}
+
+impl Stopped {
+    pub fn stop(pid: u32) -> Stopped {
+        assert!(signal("-STOP", pid), "kill -STOP {pid}");
+        Stopped {
+            pid,
+            running: false,
+        }
+    }
+
+    pub fn resume(&mut self) {
+        if !self.running {
+            assert!(signal("-CONT", self.pid), "kill -CONT {}", self.pid);
+            self.running = true;
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if !self.running {
+            signal("-CONT", self.pid);
+        }
+    }
+}
