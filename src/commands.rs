@@ -635,7 +635,7 @@ pub fn expire_key(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
     let key = ctx.open_key_writable(key_name);
     if let Ok(Some(stored)) = stored_mut(&key) {
         // Another lock under this name has an index entry of its own.
-        if stored.id() == id {
+        if crate::expiry::short_id(stored.id()) == id {
             expire_overdue(ctx, key_name, stored, now);
         }
     }

@@ -24,8 +24,25 @@ const SLICE: Duration = Duration::from_millis(2);
 /// How often a replica (or a loading server) looks again.
 const IDLE_RECHECK_MS: u64 = 100;
 
-/// (deadline, lock id) -> where the lock lives.
-type Entries = BTreeMap<(u64, u64), (i32, Box<[u8]>)>;
+/// (deadline, slot) -> key name, where the slot packs the db (high 16 bits) with the lock id
+/// (low 48 bits): 32 bytes per entry, the size that matters with a million leases.
+type Entries = BTreeMap<(u64, u64), Box<[u8]>>;
+
+const ID_BITS: u32 = 48;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
+
+fn slot(db: i32, id: u64) -> u64 {
+    (u64::from(db as u16) << ID_BITS) | (id & ID_MASK)
+}
+
+fn db_of(slot: u64) -> i32 {
+    i32::from((slot >> ID_BITS) as u16)
+}
+
+/// The part of a lock id the index keeps.
+pub fn short_id(id: u64) -> u64 {
+    id & ID_MASK
+}
 
 struct Index {
     entries: Entries,
@@ -48,13 +65,14 @@ fn index() -> MutexGuard<'static, Index> {
 /// sure the timer fires in time. A renewal reuses the entry's copy of the key name.
 pub fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
     let mut idx = index();
-    let previous = old.and_then(|old| idx.entries.remove(&(old, id)));
+    let slot = slot(db, id);
+    let previous = old.and_then(|old| idx.entries.remove(&(old, slot)));
     if let Some(new) = new {
-        let place = match previous {
-            Some((was_db, name)) if was_db == db && *name == *key => (was_db, name),
-            _ => (db, key.into()),
+        let name = match previous {
+            Some(name) if *name == *key => name,
+            _ => key.into(),
         };
-        idx.entries.insert((new, id), place);
+        idx.entries.insert((new, slot), name);
         arm(ctx, &mut idx, new);
     }
 }
@@ -118,10 +136,10 @@ pub fn on_timer(ctx: &Context) {
                 _ => None,
             }
         };
-        let Some(((_, id), (db, key))) = due else {
+        let Some(((_, slot), key)) = due else {
             break;
         };
-        expire_key(ctx, id, db, &key, now);
+        expire_key(ctx, slot & ID_MASK, db_of(slot), &key, now);
         if started.elapsed() >= SLICE {
             more_due = true;
             break;
@@ -154,7 +172,7 @@ pub fn index_key(ctx: &Context, key: &[u8]) {
     let name = replication::key_string(ctx, key);
     if let Some((id, deadline)) = commands::lease_of(ctx, &name) {
         let mut idx = index();
-        idx.entries.insert((deadline, id), (db, key.into()));
+        idx.entries.insert((deadline, slot(db, id)), key.into());
         arm(ctx, &mut idx, deadline);
     }
 }
@@ -163,7 +181,7 @@ pub fn index_key(ctx: &Context, key: &[u8]) {
 pub fn forget_db(db: Option<i32>) {
     let mut idx = index();
     match db {
-        Some(db) => idx.entries.retain(|_, (d, _)| *d != db),
+        Some(db) => idx.entries.retain(|(_, slot), _| db_of(*slot) != db),
         None => idx.entries.clear(),
     }
 }
@@ -175,7 +193,7 @@ pub fn rebuild(ctx: &Context) {
     let mut db = 0;
     while replication::select_db(ctx, db) {
         crate::ffi::scan_locks(ctx, |key, id, deadline| {
-            found.insert((deadline, id), (db, key.into()));
+            found.insert((deadline, slot(db, id)), key.into());
         });
         db += 1;
     }
