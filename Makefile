@@ -138,6 +138,7 @@ lint: deps ## Check formatting (cargo fmt) and lints (cargo clippy, warnings are
 bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and SET PX (BENCH_QUICK=1: quick)
 	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example bench
 	@bench/chart.sh
+	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
 # The chaos suite (tests/chaos.rs): many clients, a fenced store as oracle, and kill -9, restarts,
 # pauses, DEBUG RELOAD, BGREWRITEAOF and failovers under load, plus the command and RESTORE

@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Copies the tables of bench/results.md into README.md's Performance section.
+
+The README keeps its own prose; only the part between the line starting with "Latest run:" and
+the line "How to read it:" is replaced: each "### Section" of the results becomes a bold
+heading followed by that section's tables and goal lines.
+"""
+import pathlib
+import re
+import sys
+
+root = pathlib.Path(__file__).resolve().parent.parent
+results = (root / "bench" / "results.md").read_text()
+readme_path = root / "README.md"
+readme = readme_path.read_text()
+
+header = re.search(r"^(Redis \S+) on \d+ cores.*?; (\d+) s in all", results, re.M)
+parts = []
+if header:
+    parts.append(f"Latest run: {header.group(1)}, a noisy 2-core VM, {header.group(2)} s in all.\n")
+for section in re.split(r"^### ", results, flags=re.M)[1:]:
+    title, _, body = section.partition("\n")
+    kept = [line for line in body.splitlines()
+            if line.startswith("|") or line.startswith("Goal")]
+    if kept:
+        parts.append(f"**{title.strip()}**\n\n" + "\n".join(kept) + "\n")
+
+start = readme.index("Latest run:")
+end = readme.index("How to read it:")
+new = readme[:start] + "\n".join(parts) + "\n" + readme[end:]
+if new != readme:
+    readme_path.write_text(new)
+    print("README.md: Performance tables updated from bench/results.md")
+sys.exit(0)
