@@ -3,7 +3,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use redis_module::{raw, Context};
+use redis_module::Context;
 
 use crate::waiting::KeyRef;
 use crate::{commands, replication, sessions};
@@ -40,17 +40,7 @@ pub fn defer(ctx: &Context, job: Job) {
         p.jobs.push(job);
     }
     if !p.armed {
-        // SAFETY: valid context; the callback takes no data.
-        let created = unsafe {
-            raw::RedisModule_CreateTimer.map(|create| {
-                create(
-                    ctx.ctx,
-                    0,
-                    Some(crate::ffi::deferred_timer),
-                    std::ptr::null_mut(),
-                )
-            })
-        };
+        let created = crate::ffi::create_timer(ctx, crate::ffi::Timer::Deferred, 0);
         p.armed = created.is_some();
     }
 }

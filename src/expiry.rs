@@ -77,11 +77,6 @@ pub fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, ne
     }
 }
 
-/// Number of leases the index tracks (INFO and tests).
-pub fn tracked() -> usize {
-    index().entries.len()
-}
-
 /// Arms the timer to fire at `at` unless it already fires no later.
 fn arm(ctx: &Context, idx: &mut Index, at: u64) {
     if idx.armed.is_some_and(|(_, fires)| fires <= at) {
@@ -96,18 +91,7 @@ fn arm(ctx: &Context, idx: &mut Index, at: u64) {
         }
     }
     let delay = at.saturating_sub(commands::now_ms());
-    let delay = i64::try_from(delay).unwrap_or(i64::MAX);
-    // SAFETY: valid context; the callback is a plain function and takes no data.
-    let id = unsafe {
-        raw::RedisModule_CreateTimer.map(|create| {
-            create(
-                ctx.ctx,
-                delay,
-                Some(crate::ffi::expiry_timer),
-                std::ptr::null_mut(),
-            )
-        })
-    };
+    let id = crate::ffi::create_timer(ctx, crate::ffi::Timer::Expiry, delay);
     if let Some(id) = id {
         idx.armed = Some((id, at));
     }

@@ -768,6 +768,27 @@ pub unsafe extern "C" fn aux_load(
 // ---------------------------------------------------------------------------------------------
 // Expiry timer and keyspace scan
 
+/// The module's timers: each fires its callback once.
+#[derive(Clone, Copy)]
+pub enum Timer {
+    Expiry,
+    Deferred,
+}
+
+/// Arms `timer` to fire after `delay_ms`; its id, or `None` when the server has no timers.
+pub fn create_timer(ctx: &Context, timer: Timer, delay_ms: u64) -> Option<raw::RedisModuleTimerID> {
+    let callback = match timer {
+        Timer::Expiry => expiry_timer,
+        Timer::Deferred => deferred_timer,
+    };
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    // SAFETY: valid context; the callback is a plain function and takes no data.
+    unsafe {
+        raw::RedisModule_CreateTimer
+            .map(|create| create(ctx.ctx, delay, Some(callback), ptr::null_mut()))
+    }
+}
+
 /// # Safety
 /// Called by Redis with a valid context.
 pub unsafe extern "C" fn expiry_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
