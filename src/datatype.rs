@@ -203,31 +203,34 @@ pub fn load(version: i32, input: &mut impl RdbReader) -> Result<Lock, DecodeErro
     Ok(Lock { fence, holder })
 }
 
+/// An in-memory RDB stream of fields, for tests of the encoding.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Fields(pub(crate) std::collections::VecDeque<Result<u64, Vec<u8>>>);
+
+#[cfg(test)]
+impl RdbWriter for Fields {
+    fn unsigned(&mut self, value: u64) {
+        self.0.push_back(Ok(value));
+    }
+    fn buffer(&mut self, value: &[u8]) {
+        self.0.push_back(Err(value.to_vec()));
+    }
+}
+
+#[cfg(test)]
+impl RdbReader for Fields {
+    fn unsigned(&mut self) -> Option<u64> {
+        self.0.pop_front()?.ok()
+    }
+    fn buffer(&mut self) -> Option<Vec<u8>> {
+        self.0.pop_front()?.err()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::VecDeque;
-
-    #[derive(Default)]
-    struct Fields(VecDeque<Result<u64, Vec<u8>>>);
-
-    impl RdbWriter for Fields {
-        fn unsigned(&mut self, value: u64) {
-            self.0.push_back(Ok(value));
-        }
-        fn buffer(&mut self, value: &[u8]) {
-            self.0.push_back(Err(value.to_vec()));
-        }
-    }
-
-    impl RdbReader for Fields {
-        fn unsigned(&mut self) -> Option<u64> {
-            self.0.pop_front()?.ok()
-        }
-        fn buffer(&mut self) -> Option<Vec<u8>> {
-            self.0.pop_front()?.err()
-        }
-    }
 
     fn held() -> Lock {
         Lock {

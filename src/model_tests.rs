@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::core::{deadline_after, Acquire, FenceExhausted, Lock, MAX_FENCE};
-use crate::datatype::{self, RdbReader, RdbWriter};
+use crate::datatype::{self, Fields};
 use crate::replication::{self, Event};
 
 /// SplitMix64: small, fast and good enough to pick operations.
@@ -153,27 +153,6 @@ fn outcome(r: Result<Acquire, FenceExhausted>) -> MAcquire {
         Ok(Acquire::Refreshed { fence }) => MAcquire::Refreshed(fence),
         Ok(Acquire::Busy) => MAcquire::Busy,
         Err(FenceExhausted) => MAcquire::Exhausted,
-    }
-}
-
-#[derive(Default)]
-struct Fields(std::collections::VecDeque<Result<u64, Vec<u8>>>);
-
-impl RdbWriter for Fields {
-    fn unsigned(&mut self, value: u64) {
-        self.0.push_back(Ok(value));
-    }
-    fn buffer(&mut self, value: &[u8]) {
-        self.0.push_back(Err(value.to_vec()));
-    }
-}
-
-impl RdbReader for Fields {
-    fn unsigned(&mut self) -> Option<u64> {
-        self.0.pop_front()?.ok()
-    }
-    fn buffer(&mut self) -> Option<Vec<u8>> {
-        self.0.pop_front()?.err()
     }
 }
 
