@@ -156,8 +156,16 @@ impl Server {
                 if exited != Some(false) {
                     break false;
                 }
+                // Ready when the server on the port is ours (another test's server may have
+                // taken a port that was free a moment ago: ours then exits and we retry) and
+                // answers PING.
+                let pid = self.child.as_ref().map(Child::id);
                 if let Ok(mut conn) = Conn::connect(self.port, Duration::from_secs(1)) {
-                    if matches!(conn.try_read_ping(), Some(true)) {
+                    // PING also waits out loading (it answers LOADING until the data is in).
+                    if pid.is_some()
+                        && conn.try_server_pid() == pid
+                        && conn.try_read_ping() == Some(true)
+                    {
                         break true;
                     }
                 }
@@ -307,6 +315,18 @@ impl Conn {
             Ok(Reply::Status(s)) => Some(s == "PONG"),
             Ok(_) => Some(false),
             Err(_) => None,
+        }
+    }
+
+    /// The process id of the server on the other end, if it answers.
+    fn try_server_pid(&mut self) -> Option<u32> {
+        self.try_send(&["INFO", "server"]).ok()?;
+        match self.try_read().ok()? {
+            Reply::Bulk(info) => String::from_utf8_lossy(&info)
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|v| v.trim().parse().ok()),
+            _ => None,
         }
     }
 }
