@@ -27,6 +27,10 @@ impl NumericConfig {
     pub fn get(&self) -> i64 {
         self.value.load(Ordering::Relaxed)
     }
+
+    pub fn set(&self, value: i64) {
+        self.value.store(value, Ordering::Relaxed);
+    }
 }
 
 /// The longest lease a client may ask for, in ms (default one day).

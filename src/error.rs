@@ -36,8 +36,9 @@ pub enum LockError {
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
     BadEffect(&'static str),
-    /// A bug caught at the panic boundary.
-    Internal,
+    /// Something that should not happen (a bug, or the server refusing what it never refuses):
+    /// what it was goes to the server log when the error is replied.
+    Internal(&'static str),
 }
 
 impl LockError {
@@ -65,10 +66,15 @@ impl LockError {
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),
             LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
-            LockError::Internal => {
+            LockError::Internal(_) => {
                 "ERR internal error in the lock module; details are in the server log".into()
             }
         }
+    }
+
+    /// An internal error; `what` is logged when it is replied.
+    pub fn internal(what: &'static str) -> LockError {
+        LockError::Internal(what)
     }
 
     /// An unknown option as typed, made printable ASCII and short (it never holds the token:

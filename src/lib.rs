@@ -2,32 +2,33 @@
 //! strictly increasing fences.
 //!
 //! This file is the module table: the commands with their flags, key specs and documentation,
-//! the data type, configs, INFO and the server events the module listens to. The behaviour lives
-//! in the modules below; all raw callbacks are in `ffi`.
+//! the data type, configs, INFO and the server events the module listens to. The layers below
+//! import only downwards:
+//!
+//! - `service`: the commands, waiting and hand-off, expiry, replicated effects, deferred work;
+//! - `lock`: the lock itself and its bookkeeping, pure and unit-tested without a server;
+//! - `host`: every `unsafe` line, thin typed wrappers over Redis' module API;
+//! - `config`, `metrics`, `error`: settings, counters and the error replies, used by all.
 
 // A panic inside Redis aborts the server: the module's own code may not unwrap, expect or panic
-// (tests may; see clippy.toml).
+// (tests may; see clippy.toml). Every unsafe block says why it is sound.
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
-pub mod commands;
 pub mod config;
-pub mod core;
-pub mod datatype;
-pub mod deferred;
 pub mod error;
-pub mod expiry;
-pub mod ffi;
+pub mod host;
+pub mod lock;
 pub mod metrics;
-#[cfg(test)]
-mod model_tests;
-pub mod replication;
-pub mod safety;
-pub mod sessions;
-pub mod waiting;
+pub mod service;
 
 use std::ffi::CStr;
 
-use ffi::{ArgDef, ArgKind, CommandDef, KeyAccess};
+use host::command::{entry, ArgDef, ArgKind, CommandDef, KeyAccess};
+use service::commands::{
+    LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockInfo, LockRelease,
+    LockRenew, LockWait,
+};
 
 /// Rust allocations go through Redis' allocator, so INFO memory, MEMORY USAGE and maxmemory
 /// see them. (Unit tests run without a server and keep the system allocator.)
@@ -48,7 +49,7 @@ const TTL: ArgDef = ArgDef::new(c"ttl-ms", ArgKind::Integer);
 pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: c"lock.acquire",
-        callback: ffi::cmd_acquire,
+        callback: entry::<LockAcquire>,
         flags: c"write deny-oom blocking",
         arity: -4,
         key: Some(KeyAccess::ReadWrite),
@@ -66,7 +67,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.release",
-        callback: ffi::cmd_release,
+        callback: entry::<LockRelease>,
         flags: c"write fast",
         arity: 3,
         key: Some(KeyAccess::ReadWrite),
@@ -77,7 +78,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.renew",
-        callback: ffi::cmd_renew,
+        callback: entry::<LockRenew>,
         flags: c"write fast",
         arity: 4,
         key: Some(KeyAccess::ReadWrite),
@@ -88,7 +89,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.fence",
-        callback: ffi::cmd_fence,
+        callback: entry::<LockFence>,
         flags: c"readonly fast",
         arity: 3,
         key: Some(KeyAccess::Read),
@@ -99,7 +100,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.wait",
-        callback: ffi::cmd_wait,
+        callback: entry::<LockWait>,
         flags: c"readonly blocking",
         arity: 3,
         key: Some(KeyAccess::Read),
@@ -110,7 +111,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.info",
-        callback: ffi::cmd_info,
+        callback: entry::<LockInfo>,
         flags: c"readonly fast",
         arity: 2,
         key: Some(KeyAccess::Read),
@@ -121,7 +122,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.forcerelease",
-        callback: ffi::cmd_force_release,
+        callback: entry::<LockForceRelease>,
         flags: c"write fast",
         arity: 2,
         key: Some(KeyAccess::Update),
@@ -132,7 +133,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.apply",
-        callback: ffi::cmd_apply,
+        callback: entry::<LockApply>,
         flags: c"write no-monitor no-slowlog",
         arity: -3,
         key: Some(KeyAccess::Overwrite),
@@ -147,7 +148,7 @@ pub static COMMANDS: &[CommandDef] = &[
     },
     CommandDef {
         name: c"lock.floor",
-        callback: ffi::cmd_floor,
+        callback: entry::<LockFloor>,
         flags: c"write no-monitor no-slowlog",
         arity: 2,
         key: None,
@@ -158,7 +159,9 @@ pub static COMMANDS: &[CommandDef] = &[
     },
 ];
 
-/// Everything the module registers, in order. Called once from `RedisModule_OnLoad`.
+export_module!(MODULE_NAME, MODULE_VERSION, register);
+
+/// Everything the module registers, in order. Called once, from `RedisModule_OnLoad`.
 fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String> {
     // Arguments first: a refused load must not leave a registered data type behind (Redis
     // never frees it).
@@ -167,19 +170,19 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         .iter()
         .map(|config| config::value_from_args(config, args))
         .collect::<Result<Vec<_>, _>>()?;
-    ffi::set_module_options(ctx);
-    ffi::create_data_type(ctx)?;
+    host::set_module_options(ctx);
+    host::value::create_type(ctx, &service::value::LOCK_TYPE)?;
     for (config, default) in config::ALL.into_iter().zip(defaults) {
-        ffi::register_config(ctx, config, default)?;
+        host::config::register_numeric(ctx, config, default)?;
     }
-    ffi::load_configs(ctx)?;
-    let category = ffi::add_acl_category(ctx, ACL_CATEGORY);
+    host::config::load(ctx)?;
+    let category = host::command::add_acl_category(ctx, ACL_CATEGORY);
     for command in COMMANDS {
-        ffi::create_command(ctx, command, category)?;
+        host::command::create_command(ctx, command, category, SINCE)?;
     }
-    ffi::register_info(ctx)?;
-    ffi::subscribe_events(ctx)?;
-    ffi::install_panic_hook();
-    safety::check(ctx);
+    host::info::register::<service::Info>(ctx)?;
+    host::events::subscribe::<service::events::Events>(ctx)?;
+    service::leases::set_due_handler(service::expiry::on_due);
+    service::safety::check(ctx);
     Ok(())
 }

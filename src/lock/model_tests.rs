@@ -12,9 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::core::{deadline_after, Acquire, FenceExhausted, Lock, MAX_FENCE};
-use crate::datatype::{self, Fields};
-use crate::replication::{self, Event};
+use crate::lock::codec::{self, Fields};
+use crate::lock::core::{deadline_after, Acquire, FenceExhausted, Lock, MAX_FENCE};
+use crate::lock::event::Event;
 
 /// SplitMix64: small, fast and good enough to pick operations.
 struct Rng(u64);
@@ -201,17 +201,17 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
 /// The lock survives its RDB encoding and its replicated effect unchanged.
 fn check_encodings(lock: &Lock, ctx: &dyn Fn() -> String) {
     let mut fields = Fields::default();
-    datatype::save(lock, &mut fields);
+    codec::save(lock, &mut fields);
     assert_eq!(
-        datatype::load(datatype::ENCODING_VERSION, &mut fields).as_ref(),
+        codec::load(codec::ENCODING_VERSION, &mut fields).as_ref(),
         Ok(lock),
         "RDB round trip; {}",
         ctx()
     );
     if lock.fence > 0 {
-        let args = replication::effect_args(Event::Sync, lock);
+        let args = codec::effect_args(Event::Sync, lock);
         let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        let effect = replication::parse_effect(&refs);
+        let effect = codec::parse_effect(&refs);
         assert_eq!(
             effect.as_ref().map(|e| &e.lock),
             Ok(lock),

@@ -4,7 +4,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use redis_module::{Context, RedisValue};
+use redis_module::Context;
+
+use crate::host;
+use crate::host::server::config_get;
 
 /// `maxmemory-policy` is an `allkeys-*` policy: under memory pressure lock keys can vanish.
 static EVICTION_RISK: AtomicBool = AtomicBool::new(false);
@@ -29,35 +32,23 @@ pub fn persistence_is_off(appendonly: &str, save: &str) -> bool {
     !appendonly.eq_ignore_ascii_case("yes") && save.trim().is_empty()
 }
 
-fn config(ctx: &Context, name: &str) -> Option<String> {
-    match ctx.call("CONFIG", &["GET", name]).ok()? {
-        RedisValue::Array(items) => match items.get(1)? {
-            RedisValue::SimpleString(s) => Some(s.clone()),
-            RedisValue::BulkString(s) => Some(s.clone()),
-            RedisValue::StringBuffer(b) => Some(String::from_utf8_lossy(b).into_owned()),
-            RedisValue::BulkRedisString(s) => Some(s.to_string_lossy()),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
 /// Reads the relevant settings, updates the flags and logs a warning for each newly found risk.
 pub fn check(ctx: &Context) {
-    if let Some(policy) = config(ctx, "maxmemory-policy") {
+    if let Some(policy) = config_get(ctx, "maxmemory-policy") {
         let risky = policy_evicts_locks(&policy);
         if risky && !EVICTION_RISK.swap(true, Ordering::Relaxed) {
-            ctx.log_warning(&format!(
+            host::log_warning(&format!(
                 "lock module: maxmemory-policy {policy} can evict lock keys, and an evicted lock \
                  is silently free: set maxmemory-policy to noeviction or a volatile-* policy"
             ));
         }
         EVICTION_RISK.store(risky, Ordering::Relaxed);
     }
-    if let (Some(appendonly), Some(save)) = (config(ctx, "appendonly"), config(ctx, "save")) {
+    if let (Some(appendonly), Some(save)) = (config_get(ctx, "appendonly"), config_get(ctx, "save"))
+    {
         let off = persistence_is_off(&appendonly, &save);
         if off && !NO_PERSISTENCE.swap(true, Ordering::Relaxed) {
-            ctx.log_warning(
+            host::log_warning(
                 "lock module: persistence is off (appendonly no, no save points): a restart \
                  loses every lock; set appendonly yes",
             );

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use crate::waiting::KeyRef;
+use crate::lock::KeyRef;
 
 #[derive(Default)]
 struct Sessions {

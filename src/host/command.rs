@@ -1,0 +1,331 @@
+//! Commands: their registration (flags, key spec, COMMAND DOCS, ACL categories) and the entry
+//! point Redis calls, which hands borrowed arguments to a safe handler and sends its reply.
+
+use std::ffi::{c_int, c_long, CStr, CString};
+use std::mem::ManuallyDrop;
+use std::ptr;
+
+use redis_module::{raw, Context, RedisString, RedisValue};
+
+use crate::error::LockError;
+use crate::host::{guarded, log_warning, ERR, OK};
+
+/// What a command handler answers: a reply, or an error whose text the client sees.
+pub type CommandResult = Result<RedisValue, LockError>;
+
+/// A command: `run` gets the context and the arguments (the command name first).
+pub trait Command {
+    fn run(ctx: &Context, args: &[RedisString]) -> CommandResult;
+}
+
+/// The C signature of a command callback.
+pub type CommandFn = unsafe extern "C" fn(
+    *mut raw::RedisModuleCtx,
+    *mut *mut raw::RedisModuleString,
+    c_int,
+) -> c_int;
+
+/// The entry point Redis calls for command `C`.
+pub extern "C" fn entry<C: Command>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    let outcome = guarded(Err(LockError::internal("a command panicked")), || {
+        let args = borrowed_args(ctx, argv, argc);
+        C::run(&context, as_strings(&args))
+    });
+    reply(&context, outcome);
+    OK
+}
+
+/// The command's arguments as strings borrowed from Redis for the call: no retain, no free
+/// (`ManuallyDrop` keeps `RedisString`'s Drop from freeing what Redis owns).
+fn borrowed_args(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> Vec<ManuallyDrop<RedisString>> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() || count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: Redis passes argc valid strings that live until the command returns.
+    let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
+    raw_args
+        .iter()
+        .map(|&arg| ManuallyDrop::new(RedisString::from_redis_module_string(ctx, arg)))
+        .collect()
+}
+
+fn as_strings(args: &[ManuallyDrop<RedisString>]) -> &[RedisString] {
+    // SAFETY: ManuallyDrop<T> is repr(transparent) over T, so the slices have the same layout.
+    unsafe { std::slice::from_raw_parts(args.as_ptr().cast(), args.len()) }
+}
+
+/// Sends a command's reply. If building it fails (a bug), still answers with an error so the
+/// client never waits for a reply that will not come.
+pub fn reply(ctx: &Context, outcome: CommandResult) {
+    if let Err(LockError::Internal(what)) = &outcome {
+        log_warning(&format!("lock module internal error: {what}"));
+    }
+    let replied = guarded(false, || {
+        ctx.reply(outcome.map_err(Into::into));
+        true
+    });
+    if !replied {
+        let text = CString::new(LockError::internal("a reply could not be built").reply())
+            .unwrap_or_default();
+        // SAFETY: a valid context and a NUL-terminated message.
+        unsafe {
+            if let Some(reply_error) = raw::RedisModule_ReplyWithError {
+                reply_error(ctx.ctx, text.as_ptr());
+            }
+        }
+    }
+}
+
+/// Replies with field/value pairs: a map in RESP3, a flat array in RESP2.
+pub fn reply_map(ctx: &Context, fields: Vec<(&'static str, RedisValue)>) -> CommandResult {
+    let len = c_long::try_from(fields.len()).unwrap_or(0);
+    raw::reply_with_map(ctx.ctx, len);
+    // The map header is followed by exactly 2 * len replies.
+    for (name, value) in fields {
+        ctx.reply(Ok(RedisValue::SimpleStringStatic(name)));
+        ctx.reply(Ok(value));
+    }
+    Ok(RedisValue::NoReply)
+}
+
+/// How a command touches its key (always the first argument), for key specs and ACL checks.
+#[derive(Clone, Copy)]
+pub enum KeyAccess {
+    Read,
+    ReadWrite,
+    Update,
+    Overwrite,
+}
+
+impl KeyAccess {
+    fn flags(self) -> u64 {
+        let f = |v: u32| u64::from(v);
+        match self {
+            KeyAccess::Read => f(raw::REDISMODULE_CMD_KEY_RO) | f(raw::REDISMODULE_CMD_KEY_ACCESS),
+            KeyAccess::ReadWrite => {
+                f(raw::REDISMODULE_CMD_KEY_RW)
+                    | f(raw::REDISMODULE_CMD_KEY_ACCESS)
+                    | f(raw::REDISMODULE_CMD_KEY_UPDATE)
+            }
+            KeyAccess::Update => {
+                f(raw::REDISMODULE_CMD_KEY_RW) | f(raw::REDISMODULE_CMD_KEY_UPDATE)
+            }
+            KeyAccess::Overwrite => {
+                f(raw::REDISMODULE_CMD_KEY_OW) | f(raw::REDISMODULE_CMD_KEY_UPDATE)
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub enum ArgKind {
+    Key,
+    String,
+    Integer,
+    PureToken,
+}
+
+/// One argument as COMMAND DOCS shows it.
+#[derive(Clone, Copy)]
+pub struct ArgDef {
+    name: &'static CStr,
+    kind: ArgKind,
+    token: Option<&'static CStr>,
+    flags: u32,
+}
+
+impl ArgDef {
+    pub const fn new(name: &'static CStr, kind: ArgKind) -> Self {
+        ArgDef {
+            name,
+            kind,
+            token: None,
+            flags: 0,
+        }
+    }
+    pub const fn token(mut self, token: &'static CStr) -> Self {
+        self.token = Some(token);
+        self
+    }
+    pub const fn optional(mut self) -> Self {
+        self.flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
+        self
+    }
+
+    fn to_raw(self) -> raw::RedisModuleCommandArg {
+        let type_ = match self.kind {
+            ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+            ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+            ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+            ArgKind::PureToken => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+        };
+        raw::RedisModuleCommandArg {
+            name: self.name.as_ptr(),
+            type_,
+            key_spec_index: if matches!(self.kind, ArgKind::Key) {
+                0
+            } else {
+                -1
+            },
+            token: self.token.map_or(ptr::null(), CStr::as_ptr),
+            summary: ptr::null(),
+            since: ptr::null(),
+            flags: self.flags as c_int,
+            deprecated_since: ptr::null(),
+            subargs: ptr::null_mut(),
+            display_text: ptr::null(),
+        }
+    }
+}
+
+/// One row of the module's command table.
+pub struct CommandDef {
+    pub name: &'static CStr,
+    pub callback: CommandFn,
+    pub flags: &'static CStr,
+    pub arity: c_int,
+    /// How the command touches its key (always the first argument), if it has one.
+    pub key: Option<KeyAccess>,
+    pub summary: &'static CStr,
+    pub complexity: &'static CStr,
+    pub args: &'static [ArgDef],
+    /// ACL categories set where the server supports it (Redis 7.2+).
+    pub acl: &'static CStr,
+}
+
+fn zeroed_arg() -> raw::RedisModuleCommandArg {
+    // SAFETY: an all-zero argument (null pointers, zero ints) is the documented terminator.
+    unsafe { std::mem::zeroed() }
+}
+
+fn zeroed_key_spec() -> raw::RedisModuleCommandKeySpec {
+    // SAFETY: an all-zero key spec is the documented terminator.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Adds the module's ACL category where the server supports it (Redis 7.4+). Returns the
+/// category when it was added.
+pub fn add_acl_category(ctx: &Context, name: &'static CStr) -> Option<&'static CStr> {
+    // SAFETY: a valid context and a NUL-terminated name; only called during OnLoad, the one
+    // place the call is allowed.
+    let added = unsafe { raw::RedisModule_AddACLCategory.map(|add| add(ctx.ctx, name.as_ptr())) };
+    (added == Some(OK)).then_some(name)
+}
+
+/// The key spec of a command whose only key is its first argument.
+fn first_key_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
+    raw::RedisModuleCommandKeySpec {
+        notes: ptr::null(),
+        flags: access.flags(),
+        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX,
+        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+            index: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_1 { pos: 1 },
+        },
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 {
+                lastkey: 0,
+                keystep: 1,
+                limit: 0,
+            },
+        },
+    }
+}
+
+/// Registers one command with its documentation, key spec and ACL categories (the module's
+/// `category` plus the command's own, where the server supports command categories: 7.2+).
+pub fn create_command(
+    ctx: &Context,
+    def: &CommandDef,
+    category: Option<&'static CStr>,
+    since: &'static CStr,
+) -> Result<(), String> {
+    let name = def.name.to_string_lossy();
+    // SAFETY: reading the API table Redis filled in at load.
+    let (create, get, set_info) = unsafe {
+        (
+            raw::RedisModule_CreateCommand.ok_or("no CreateCommand")?,
+            raw::RedisModule_GetCommand.ok_or("no GetCommand")?,
+            raw::RedisModule_SetCommandInfo.ok_or("no SetCommandInfo")?,
+        )
+    };
+    let first_key = c_int::from(def.key.is_some());
+    // SAFETY: a valid context, NUL-terminated static strings and a callback that stays loaded
+    // as long as the module.
+    let created = unsafe {
+        create(
+            ctx.ctx,
+            def.name.as_ptr(),
+            Some(def.callback),
+            def.flags.as_ptr(),
+            first_key,
+            first_key,
+            first_key,
+        )
+    };
+    if created == ERR {
+        return Err(format!("cannot create command {name}"));
+    }
+    // SAFETY: a valid context and the name just registered.
+    let command = unsafe { get(ctx.ctx, def.name.as_ptr()) };
+    if command.is_null() {
+        return Err(format!("cannot find command {name}"));
+    }
+    let mut key_specs = [
+        def.key.map_or_else(zeroed_key_spec, first_key_spec),
+        zeroed_key_spec(),
+    ];
+    let mut args: Vec<raw::RedisModuleCommandArg> = def.args.iter().map(|a| a.to_raw()).collect();
+    args.push(zeroed_arg());
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    let info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: def.summary.as_ptr(),
+        complexity: def.complexity.as_ptr(),
+        since: since.as_ptr(),
+        history: ptr::null_mut(),
+        tips: ptr::null(),
+        arity: def.arity,
+        key_specs: key_specs.as_mut_ptr(),
+        args: args.as_mut_ptr(),
+    };
+    // SAFETY: `command` is the registered command; `info` and everything it points to (static
+    // strings, the local key spec and argument arrays, each with its zeroed terminator) live
+    // until the call returns, and Redis copies what it keeps.
+    if unsafe { set_info(command, &info) } == ERR {
+        return Err(format!("cannot set command info of {name}"));
+    }
+    // SAFETY: reading the API table; Redis 7.2+ (on 7.0 the README's ACL recipe names the
+    // command instead).
+    if let Some(set_acl) = unsafe { raw::RedisModule_SetCommandACLCategories } {
+        let categories: Vec<&str> = [category, Some(def.acl)]
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.to_str().ok())
+            .filter(|c| !c.is_empty())
+            .collect();
+        if !categories.is_empty() {
+            let joined = CString::new(categories.join(" ")).map_err(|e| e.to_string())?;
+            // SAFETY: the registered command and a NUL-terminated list of category names.
+            if unsafe { set_acl(command, joined.as_ptr()) } == ERR {
+                return Err(format!("cannot set ACL categories of {name}"));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! Numeric module configs: `CONFIG GET/SET lock.<name>`, also given as module arguments.
+
+use std::ffi::{c_char, c_int, c_longlong, c_void, CString};
+use std::ptr;
+
+use redis_module::{raw, Context};
+
+use crate::config::NumericConfig;
+use crate::host::{ERR, OK};
+
+/// Registers `config` with its load-time value `default`.
+pub fn register_numeric(
+    ctx: &Context,
+    config: &'static NumericConfig,
+    default: i64,
+) -> Result<(), String> {
+    let name = CString::new(config.name).map_err(|e| e.to_string())?;
+    // SAFETY: reading the API table Redis filled in at load.
+    let register =
+        unsafe { raw::RedisModule_RegisterNumericConfig }.ok_or("no RegisterNumericConfig")?;
+    // SAFETY: a valid context and name; privdata is a 'static config that outlives the module.
+    let status = unsafe {
+        register(
+            ctx.ctx,
+            name.as_ptr(),
+            default,
+            raw::REDISMODULE_CONFIG_DEFAULT,
+            config.min,
+            config.max,
+            Some(get),
+            Some(set),
+            None,
+            ptr::from_ref(config).cast_mut().cast(),
+        )
+    };
+    if status == ERR {
+        return Err(format!("cannot register config lock.{}", config.name));
+    }
+    Ok(())
+}
+
+/// Applies the values given as module arguments, after every config is registered.
+pub fn load(ctx: &Context) -> Result<(), String> {
+    // SAFETY: a valid context, during OnLoad.
+    let status = unsafe { raw::RedisModule_LoadConfigs.map_or(OK, |load| load(ctx.ctx)) };
+    if status == ERR {
+        return Err("cannot load configs".into());
+    }
+    Ok(())
+}
+
+extern "C" fn get(_name: *const c_char, privdata: *mut c_void) -> c_longlong {
+    // SAFETY: privdata is the &'static NumericConfig given at registration.
+    let config = unsafe { &*privdata.cast::<NumericConfig>() };
+    config.get()
+}
+
+extern "C" fn set(
+    _name: *const c_char,
+    value: c_longlong,
+    privdata: *mut c_void,
+    _err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `get`. Redis has already checked the bounds.
+    let config = unsafe { &*privdata.cast::<NumericConfig>() };
+    config.set(value);
+    OK
+}

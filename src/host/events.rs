@@ -1,0 +1,162 @@
+//! Server events and keyspace notifications, decoded into [`ServerEvent`] and plain byte
+//! strings for a [`Listener`].
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use redis_module::{raw, Context, RedisString};
+
+use crate::host::{guarded, ERR, OK};
+
+/// The server events the module listens to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// An RDB file, the AOF or a full sync finished loading.
+    LoadingEnded,
+    /// FLUSHDB (`Some(db)`) or FLUSHALL (`None`) is done.
+    Flushed(Option<i32>),
+    /// SWAPDB of these two databases is done.
+    SwappedDbs(i32, i32),
+    /// A child process was just forked (RDB save or AOF rewrite).
+    ForkChildBorn,
+    /// `CONFIG SET` changed something.
+    ConfigChanged,
+    /// The client with this id disconnected.
+    ClientDisconnected(u64),
+}
+
+/// What the module does on events. Keyspace notification callbacks must not write: defer
+/// writes to a timer.
+pub trait Listener {
+    fn server_event(ctx: &Context, event: ServerEvent);
+    /// `event` (e.g. `del`, `rename_to`) happened to `key` in the selected database.
+    fn keyspace_event(ctx: &Context, event: &[u8], key: &RedisString);
+}
+
+#[repr(C)]
+struct FlushInfo {
+    version: u64,
+    sync: i32,
+    dbnum: i32,
+}
+
+#[repr(C)]
+struct SwapDbInfo {
+    version: u64,
+    first: i32,
+    second: i32,
+}
+
+/// The head of RedisModuleClientInfoV1: enough to read the client id.
+#[repr(C)]
+struct ClientInfoHead {
+    version: u64,
+    flags: u64,
+    id: u64,
+}
+
+/// Subscribes `L` to the server events above and to generic, expired and evicted keyspace
+/// notifications.
+pub fn subscribe<L: Listener>(ctx: &Context) -> Result<(), String> {
+    // SAFETY: reading the API table Redis filled in at load.
+    let (subscribe, keyspace) = unsafe {
+        (
+            raw::RedisModule_SubscribeToServerEvent.ok_or("no server events")?,
+            raw::RedisModule_SubscribeToKeyspaceEvents.ok_or("no keyspace events")?,
+        )
+    };
+    for id in [
+        raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_FLUSHDB,
+        raw::REDISMODULE_EVENT_SWAPDB,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE,
+        raw::REDISMODULE_EVENT_FORK_CHILD,
+        raw::REDISMODULE_EVENT_CONFIG,
+    ] {
+        let event = raw::RedisModuleEvent { id, dataver: 1 };
+        // SAFETY: a valid context and a plain callback function.
+        if unsafe { subscribe(ctx.ctx, event, Some(server_event::<L>)) } == ERR {
+            return Err(format!("cannot subscribe to server event {id}"));
+        }
+    }
+    let classes = raw::REDISMODULE_NOTIFY_GENERIC
+        | raw::REDISMODULE_NOTIFY_EXPIRED
+        | raw::REDISMODULE_NOTIFY_EVICTED;
+    // SAFETY: a valid context and a plain callback function.
+    if unsafe { keyspace(ctx.ctx, classes as c_int, Some(keyspace_event::<L>)) } == ERR {
+        return Err("cannot subscribe to keyspace events".into());
+    }
+    Ok(())
+}
+
+/// Decodes an event Redis reports; `None` for the ones the module ignores.
+///
+/// # Safety
+/// `data` is null or points to the struct Redis documents for `event` and `subevent`.
+unsafe fn decode(event: u64, subevent: u64, data: *mut c_void) -> Option<ServerEvent> {
+    Some(match event {
+        raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
+            ServerEvent::LoadingEnded
+        }
+        raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
+            // SAFETY: for FLUSHDB the data is a RedisModuleFlushInfo (or null), per the caller.
+            let dbnum = unsafe { data.cast::<FlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);
+            ServerEvent::Flushed((dbnum >= 0).then_some(dbnum))
+        }
+        raw::REDISMODULE_EVENT_SWAPDB => {
+            // SAFETY: for SWAPDB the data is a RedisModuleSwapDbInfo, per the caller.
+            let info = unsafe { data.cast::<SwapDbInfo>().as_ref() }?;
+            ServerEvent::SwappedDbs(info.first, info.second)
+        }
+        raw::REDISMODULE_EVENT_FORK_CHILD
+            if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN =>
+        {
+            ServerEvent::ForkChildBorn
+        }
+        raw::REDISMODULE_EVENT_CONFIG => ServerEvent::ConfigChanged,
+        raw::REDISMODULE_EVENT_CLIENT_CHANGE
+            if subevent == raw::REDISMODULE_SUBEVENT_CLIENT_CHANGE_DISCONNECTED =>
+        {
+            // SAFETY: for client changes the data is a RedisModuleClientInfo, per the caller.
+            let info = unsafe { data.cast::<ClientInfoHead>().as_ref() }?;
+            ServerEvent::ClientDisconnected(info.id)
+        }
+        _ => return None,
+    })
+}
+
+extern "C" fn server_event<L: Listener>(
+    ctx: *mut raw::RedisModuleCtx,
+    event: raw::RedisModuleEvent,
+    subevent: u64,
+    data: *mut c_void,
+) {
+    guarded((), || {
+        // SAFETY: Redis passes the data documented for this event.
+        if let Some(event) = unsafe { decode(event.id, subevent, data) } {
+            L::server_event(&Context::new(ctx), event);
+        }
+    });
+}
+
+extern "C" fn keyspace_event<L: Listener>(
+    ctx: *mut raw::RedisModuleCtx,
+    _type: c_int,
+    event: *const c_char,
+    key: *mut raw::RedisModuleString,
+) -> c_int {
+    guarded(OK, || {
+        if event.is_null() || key.is_null() {
+            return OK;
+        }
+        // SAFETY: Redis passes a NUL-terminated event name and a key string valid for the call;
+        // `ManuallyDrop` keeps the borrowed key from being freed by `RedisString`'s Drop.
+        let (event, key) = unsafe {
+            (
+                CStr::from_ptr(event).to_bytes(),
+                std::mem::ManuallyDrop::new(RedisString::from_redis_module_string(ctx, key)),
+            )
+        };
+        L::keyspace_event(&Context::new(ctx), event, &key);
+        OK
+    })
+}

@@ -1,0 +1,47 @@
+//! The module's INFO section (`INFO lock`, also in `INFO modules` and `INFO everything`).
+
+use std::ffi::{c_int, CString};
+
+use redis_module::raw;
+use redis_module::Context;
+
+use crate::host::{guarded, ERR};
+
+/// What the section shows: integer fields, without the `lock_` prefix Redis adds.
+pub trait Section {
+    fn fields() -> Vec<(&'static str, i64)>;
+}
+
+pub fn register<S: Section>(ctx: &Context) -> Result<(), String> {
+    // SAFETY: reading the API table, then a valid context and a plain callback function.
+    let status = unsafe {
+        let register = raw::RedisModule_RegisterInfoFunc.ok_or("no RegisterInfoFunc")?;
+        register(ctx.ctx, Some(info::<S>))
+    };
+    if status == ERR {
+        return Err("cannot register INFO section".into());
+    }
+    Ok(())
+}
+
+extern "C" fn info<S: Section>(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    guarded((), || {
+        // SAFETY: reading the API table Redis filled in at load.
+        let (Some(section), Some(field)) = (unsafe {
+            (
+                raw::RedisModule_InfoAddSection,
+                raw::RedisModule_InfoAddFieldLongLong,
+            )
+        }) else {
+            return;
+        };
+        // SAFETY: a valid info context and a NUL-terminated (empty: the module's) section name.
+        unsafe { section(ctx, c"".as_ptr()) };
+        for (name, value) in S::fields() {
+            if let Ok(name) = CString::new(name) {
+                // SAFETY: a valid info context and a NUL-terminated field name.
+                unsafe { field(ctx, name.as_ptr(), value) };
+            }
+        }
+    });
+}

@@ -1,0 +1,160 @@
+//! What a command does to keys beside its reply: WATCH invalidation, keyspace notifications,
+//! replication, redaction of arguments, waking clients blocked on a key, and walking the
+//! values of one type in a database.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr;
+
+use redis_module::native_types::RedisType;
+use redis_module::{raw, Context, NotifyEvent, RedisString};
+
+use crate::host::guarded;
+
+/// Counts the key as modified: WATCH fails, client-side caches are invalidated.
+pub fn signal_modified(ctx: &Context, key: &RedisString) {
+    // SAFETY: a valid context and key string for the duration of the call.
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalModifiedKey {
+            signal(ctx.ctx, key.inner);
+        }
+    }
+}
+
+/// Publishes keyspace event `event` of the module class (`d`) on `key`.
+pub fn notify_module_event(ctx: &Context, event: &CStr, key: &RedisString) {
+    // SAFETY: a valid context, a NUL-terminated event name and a live key string.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(
+                ctx.ctx,
+                NotifyEvent::MODULE.bits(),
+                event.as_ptr(),
+                key.inner,
+            );
+        }
+    }
+}
+
+/// Replicates `command key state [token]` to replicas and the AOF (inside the MULTI/EXEC Redis
+/// wraps around everything one call replicates). Redis builds the argument strings itself.
+pub fn replicate_key_state(
+    ctx: &Context,
+    command: &CStr,
+    key: &RedisString,
+    state: &[u8],
+    token: Option<&[u8]>,
+) {
+    // SAFETY: reading the API table Redis filled in at load.
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    // SAFETY: a valid context; the format ("s" = a RedisModuleString, "b" = pointer and length)
+    // matches the arguments, and every pointer outlives the call (Redis copies them).
+    unsafe {
+        match token {
+            None => replicate(
+                ctx.ctx,
+                command.as_ptr(),
+                c"sb".as_ptr(),
+                key.inner,
+                state.as_ptr(),
+                state.len(),
+            ),
+            Some(token) => replicate(
+                ctx.ctx,
+                command.as_ptr(),
+                c"sbb".as_ptr(),
+                key.inner,
+                state.as_ptr(),
+                state.len(),
+                token.as_ptr(),
+                token.len(),
+            ),
+        };
+    }
+}
+
+/// Hides the argument at `pos` (a token) from SLOWLOG, MONITOR and the command log.
+pub fn redact(ctx: &Context, pos: i32) {
+    // SAFETY: a valid context; Redis checks `pos` against the argument count.
+    unsafe {
+        if let Some(redact) = raw::RedisModule_RedactClientCommandArgument {
+            redact(ctx.ctx, pos);
+        }
+    }
+}
+
+/// Asks Redis to run the reply callbacks of the clients blocked on `key`, right after the
+/// current command or callback.
+pub fn signal_ready(ctx: &Context, key: &RedisString) {
+    // SAFETY: a valid context and key string.
+    unsafe {
+        if let Some(signal) = raw::RedisModule_SignalKeyAsReady {
+            signal(ctx.ctx, key.inner);
+        }
+    }
+}
+
+struct Scan<'a, V> {
+    found: &'a mut dyn FnMut(&[u8], &V),
+    raw_type: *mut raw::RedisModuleType,
+}
+
+extern "C" fn scan_one<V>(
+    _ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    key: *mut raw::RedisModuleKey,
+    privdata: *mut c_void,
+) {
+    guarded((), || {
+        if key.is_null() || privdata.is_null() {
+            return;
+        }
+        // SAFETY: `privdata` is the `Scan` that `scan_values` passed, alive for the whole scan;
+        // `key` and `name` are valid for this call; a module value of the scanned type is a
+        // `V` (the type's values are created only as `V`).
+        unsafe {
+            let scan = &mut *privdata.cast::<Scan<V>>();
+            let (Some(key_type), Some(get_type), Some(get_value)) = (
+                raw::RedisModule_KeyType,
+                raw::RedisModule_ModuleTypeGetType,
+                raw::RedisModule_ModuleTypeGetValue,
+            ) else {
+                return;
+            };
+            if key_type(key) != raw::REDISMODULE_KEYTYPE_MODULE as c_int
+                || get_type(key) != scan.raw_type
+            {
+                return;
+            }
+            let Some(value) = get_value(key).cast::<V>().as_ref() else {
+                return;
+            };
+            (scan.found)(RedisString::string_as_slice(name), value);
+        }
+    });
+}
+
+/// Calls `found` with the name and value of every key of type `ty` in the selected database.
+/// `V` must be the Rust type of that data type's values.
+pub fn scan_values<V>(ctx: &Context, ty: &RedisType, mut found: impl FnMut(&[u8], &V)) {
+    let mut scan = Scan::<V> {
+        found: &mut found,
+        raw_type: *ty.raw_type.borrow(),
+    };
+    // SAFETY: a valid context; the cursor is destroyed below; `scan` outlives the scan, which
+    // runs synchronously.
+    unsafe {
+        let (Some(create), Some(run), Some(destroy)) = (
+            raw::RedisModule_ScanCursorCreate,
+            raw::RedisModule_Scan,
+            raw::RedisModule_ScanCursorDestroy,
+        ) else {
+            return;
+        };
+        let cursor = create();
+        let privdata = ptr::from_mut(&mut scan).cast::<c_void>();
+        while run(ctx.ctx, cursor, Some(scan_one::<V>), privdata) != 0 {}
+        destroy(cursor);
+    }
+}

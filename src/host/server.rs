@@ -1,0 +1,88 @@
+//! The server around a call: the clock, the selected database, the calling client and the
+//! context's flags.
+
+use redis_module::{raw, Context, ContextFlags, RedisString};
+
+use crate::host::OK;
+
+/// Wall-clock time in ms since the Unix epoch, as Redis sees it (0 before the module loaded).
+pub fn now_ms() -> u64 {
+    // SAFETY: Milliseconds takes no arguments and only reads the clock; its presence is checked.
+    let ms = unsafe { raw::RedisModule_Milliseconds.map_or(0, |f| f()) };
+    u64::try_from(ms).unwrap_or(0)
+}
+
+/// The database the context works on.
+pub fn selected_db(ctx: &Context) -> i32 {
+    // SAFETY: a valid context; the call only reads the client's db id.
+    unsafe { raw::RedisModule_GetSelectedDb.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// Selects database `db` on the context; false when it does not exist.
+pub fn select_db(ctx: &Context, db: i32) -> bool {
+    // SAFETY: a valid context; Redis refuses ids out of range.
+    unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == OK) }
+}
+
+/// The id of the client running the command (0 for none).
+pub fn client_id(ctx: &Context) -> u64 {
+    // SAFETY: a valid context.
+    unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
+}
+
+/// True on a primary (not a replica).
+pub fn is_primary(ctx: &Context) -> bool {
+    ctx.get_flags().contains(ContextFlags::MASTER)
+}
+
+/// True while the server loads an RDB file or the AOF (also a replica's full sync).
+pub fn is_loading(ctx: &Context) -> bool {
+    ctx.get_flags().contains(ContextFlags::LOADING)
+}
+
+/// True when the command comes from the primary or the AOF: limits meant for clients do not
+/// apply to it.
+pub fn is_replayed(ctx: &Context) -> bool {
+    ctx.get_flags()
+        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+}
+
+/// True when the running command may block its client (not in MULTI, Lua, AOF loading or
+/// replication).
+pub fn may_block(ctx: &Context) -> bool {
+    !ctx.get_flags().intersects(
+        ContextFlags::DENY_BLOCKING
+            | ContextFlags::MULTI
+            | ContextFlags::LUA
+            | ContextFlags::LOADING
+            | ContextFlags::REPLICATED,
+    )
+}
+
+/// Parses a strictly formatted integer (Redis' own rules: no sign but `-`, no spaces).
+pub fn parse_integer(arg: &RedisString) -> Option<i64> {
+    let mut value: i64 = 0;
+    // SAFETY: a valid string and an out-pointer to a local.
+    let status = unsafe { raw::RedisModule_StringToLongLong.map(|f| f(arg.inner, &mut value)) }?;
+    (status == OK).then_some(value)
+}
+
+/// A key name as a Redis string, binary-safe (`Context::create_string` refuses NUL bytes).
+pub fn key_string(ctx: &Context, key: &[u8]) -> RedisString {
+    RedisString::create_from_slice(ctx.ctx, key)
+}
+
+/// The value of a server config, read with `CONFIG GET` through RM_Call.
+pub fn config_get(ctx: &Context, name: &str) -> Option<String> {
+    use redis_module::RedisValue;
+    match ctx.call("CONFIG", &["GET", name]).ok()? {
+        RedisValue::Array(items) => match items.get(1)? {
+            RedisValue::SimpleString(s) => Some(s.clone()),
+            RedisValue::BulkString(s) => Some(s.clone()),
+            RedisValue::StringBuffer(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            RedisValue::BulkRedisString(s) => Some(s.to_string_lossy()),
+            _ => None,
+        },
+        _ => None,
+    }
+}

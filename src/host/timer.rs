@@ -1,0 +1,43 @@
+//! One-shot module timers that call a plain function on the main thread.
+
+use std::ffi::c_void;
+
+use redis_module::{raw, Context};
+
+use crate::host::guarded;
+
+pub type TimerId = raw::RedisModuleTimerID;
+
+/// What a timer calls when it fires.
+pub type Callback = fn(&Context);
+
+/// Arms a timer that calls `callback` after `delay_ms`; its id, or `None` when the server has no
+/// timers.
+pub fn create(ctx: &Context, delay_ms: u64, callback: Callback) -> Option<TimerId> {
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    // The callback travels as the timer's data: a function pointer fits in a data pointer on
+    // every platform Redis runs on.
+    let data = callback as *mut c_void;
+    // SAFETY: a valid context; `fire` is a plain function and `data` a function pointer that
+    // lives as long as the module.
+    unsafe { raw::RedisModule_CreateTimer.map(|create| create(ctx.ctx, delay, Some(fire), data)) }
+}
+
+/// Stops a timer that has not fired yet (a harmless no-op for one that has).
+pub fn stop(ctx: &Context, id: TimerId) {
+    // SAFETY: a valid context; Redis looks the id up and refuses unknown ones.
+    unsafe {
+        if let Some(stop) = raw::RedisModule_StopTimer {
+            stop(ctx.ctx, id, std::ptr::null_mut());
+        }
+    }
+}
+
+extern "C" fn fire(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: `data` is the `Callback` that `create` stored, converted back to its own type.
+    let callback = unsafe { std::mem::transmute::<*mut c_void, Callback>(data) };
+    guarded((), || callback(&Context::new(ctx)));
+}

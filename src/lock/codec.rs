@@ -1,0 +1,437 @@
+//! The one encoding of a lock, in its three forms:
+//!
+//! - **RDB** (also DUMP/RESTORE/MIGRATE): fence, holder flag, then (when held) token, deadline,
+//!   holds and a flags word. Versioned: a newer version is refused.
+//! - **Digest** (`DEBUG DIGEST`): the same fields in the same order.
+//! - **Effect** (`LOCK.APPLY key state [token]`, to replicas and the AOF): the state
+//!   `event:fence:floor[:deadline:holds:flags]` as one argument, the binary-safe token as the next.
+//!
+//! Every form writes the holder's fields through [`holder_fields`] and reads them back through
+//! [`holder_from`], so they cannot disagree on what a valid holder is.
+
+use crate::error::LockError;
+use crate::lock::core::{Holder, Lock, MAX_FENCE};
+use crate::lock::event::Event;
+use crate::lock::floor;
+
+/// RDB encoding version of a lock value. Version 1: fence, holder flag, then (when held) token,
+/// deadline, holds and a flags word (bit 0: session). Part of every RDB file that holds a lock.
+pub const ENCODING_VERSION: i32 = 1;
+/// Encoding version of the RDB aux field (the fence floor).
+pub const AUX_VERSION: i32 = 1;
+
+const FLAG_SESSION: u64 = 1;
+
+/// A holder's numeric fields, in every form's order: deadline, holds, flags.
+fn holder_fields(holder: &Holder) -> [u64; 3] {
+    let flags = if holder.session { FLAG_SESSION } else { 0 };
+    [holder.deadline, u64::from(holder.holds), flags]
+}
+
+/// A holder from its fields, or what is wrong with them.
+fn holder_from(
+    token: &[u8],
+    deadline: u64,
+    holds: u64,
+    flags: u64,
+) -> Result<Holder, &'static str> {
+    if token.is_empty() {
+        return Err("empty token");
+    }
+    let holds = u32::try_from(holds)
+        .ok()
+        .filter(|h| *h > 0)
+        .ok_or("hold count out of range")?;
+    Ok(Holder {
+        token: token.into(),
+        deadline,
+        holds,
+        session: flags & FLAG_SESSION != 0,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// RDB and digest
+
+/// A sink of fields: an RDB stream or a digest.
+pub trait Sink {
+    fn unsigned(&mut self, value: u64);
+    fn bytes(&mut self, value: &[u8]);
+}
+
+/// A source of RDB fields; `None` on a short read.
+pub trait Source {
+    fn unsigned(&mut self) -> Option<u64>;
+    fn bytes(&mut self) -> Option<Vec<u8>>;
+}
+
+/// Why a stored value could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    NewerVersion(i32),
+    ShortRead,
+    Invalid(&'static str),
+}
+
+impl DecodeError {
+    /// For the server log.
+    pub fn describe(self) -> String {
+        match self {
+            DecodeError::NewerVersion(v) => {
+                format!("encoding version {v} is newer than this module's {ENCODING_VERSION}")
+            }
+            DecodeError::ShortRead => "the input ended early".into(),
+            DecodeError::Invalid(what) => format!("invalid value: {what}"),
+        }
+    }
+}
+
+/// Writes `lock` as RDB fields (also the digest's order).
+pub fn save(lock: &Lock, out: &mut impl Sink) {
+    out.unsigned(lock.fence);
+    match &lock.holder {
+        None => out.unsigned(0),
+        Some(holder) => {
+            out.unsigned(1);
+            out.bytes(&holder.token);
+            for field in holder_fields(holder) {
+                out.unsigned(field);
+            }
+        }
+    }
+}
+
+/// Reads a lock written by [`save`] with encoding `version`.
+pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> {
+    if version > ENCODING_VERSION || version < 1 {
+        return Err(DecodeError::NewerVersion(version));
+    }
+    let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
+    let fence = next()?;
+    if fence > MAX_FENCE {
+        return Err(DecodeError::Invalid("fence out of range"));
+    }
+    let holder = match next()? {
+        0 => None,
+        1 => {
+            let token = input.bytes().ok_or(DecodeError::ShortRead)?;
+            let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
+            let (deadline, holds, flags) = (next()?, next()?, next()?);
+            let holder =
+                holder_from(&token, deadline, holds, flags).map_err(DecodeError::Invalid)?;
+            if fence == 0 {
+                return Err(DecodeError::Invalid("held lock without a fence"));
+            }
+            Some(holder)
+        }
+        _ => return Err(DecodeError::Invalid("bad holder flag")),
+    };
+    Ok(Lock { fence, holder })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Effects
+
+/// The effect's state argument, formatted without allocating: `event:fence:floor` for a free
+/// lock, `event:fence:floor:deadline:holds:flags` for a held one.
+pub struct State {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl State {
+    pub fn of(event: Event, lock: &Lock) -> State {
+        let mut state = State {
+            buf: [0; 128],
+            len: 0,
+        };
+        // At most 12 + 5 * 21 bytes: always fits.
+        state.push(event.word().to_bytes());
+        state.number(lock.fence);
+        state.number(floor::get().max(lock.fence));
+        if let Some(holder) = &lock.holder {
+            for field in holder_fields(holder) {
+                state.number(field);
+            }
+        }
+        state
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(self.buf.len());
+        let take = end - self.len;
+        self.buf[self.len..end].copy_from_slice(&bytes[..take]);
+        self.len = end;
+    }
+
+    /// Appends `:` and the decimal digits of `value` (the formatter machinery is slow here),
+    /// two digits per step.
+    fn number(&mut self, mut value: u64) {
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
+        let mut digits = [0u8; 21];
+        let mut at = digits.len();
+        while value >= 100 {
+            let pair = (value % 100) as usize * 2;
+            value /= 100;
+            at -= 2;
+            digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        }
+        if value >= 10 {
+            let pair = value as usize * 2;
+            at -= 2;
+            digits[at..at + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+        } else {
+            at -= 1;
+            digits[at] = b'0' + value as u8;
+        }
+        at -= 1;
+        digits[at] = b':';
+        self.push(&digits[at..]);
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The arguments of `LOCK.APPLY` after the key: the state, and the token when held.
+pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
+    let mut args = vec![State::of(event, lock).as_bytes().to_vec()];
+    if let Some(holder) = &lock.holder {
+        args.push(holder.token.to_vec());
+    }
+    args
+}
+
+/// A decoded `LOCK.APPLY`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Effect {
+    pub event: Event,
+    pub lock: Lock,
+    pub floor: u64,
+}
+
+fn number(field: Option<&[u8]>, what: &'static str) -> Result<u64, LockError> {
+    field
+        .and_then(|f| std::str::from_utf8(f).ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or(LockError::BadEffect(what))
+}
+
+/// Parses the arguments of `LOCK.APPLY` after the key.
+pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
+    let (state, token) = match args {
+        [state] => (state, None),
+        [state, token] => (state, Some(token)),
+        _ => return Err(LockError::WrongArity),
+    };
+    let mut fields = state.split(|b| *b == b':');
+    let event = fields
+        .next()
+        .and_then(Event::parse)
+        .ok_or(LockError::BadEffect("unknown event"))?;
+    let fence = number(fields.next(), "fence")?;
+    let floor = number(fields.next(), "floor")?;
+    if fence > MAX_FENCE || floor > MAX_FENCE {
+        return Err(LockError::BadEffect("fence out of range"));
+    }
+    let holder = match token {
+        None => None,
+        Some(token) => {
+            let deadline = number(fields.next(), "deadline")?;
+            let holds = number(fields.next(), "holds")?;
+            let flags = number(fields.next(), "flags")?;
+            Some(holder_from(token, deadline, holds, flags).map_err(LockError::BadEffect)?)
+        }
+    };
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    Ok(Effect {
+        event,
+        lock: Lock { fence, holder },
+        floor,
+    })
+}
+
+/// An in-memory stream of fields, for tests of the encoding.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Fields(pub(crate) std::collections::VecDeque<Result<u64, Vec<u8>>>);
+
+#[cfg(test)]
+impl Sink for Fields {
+    fn unsigned(&mut self, value: u64) {
+        self.0.push_back(Ok(value));
+    }
+    fn bytes(&mut self, value: &[u8]) {
+        self.0.push_back(Err(value.to_vec()));
+    }
+}
+
+#[cfg(test)]
+impl Source for Fields {
+    fn unsigned(&mut self) -> Option<u64> {
+        self.0.pop_front()?.ok()
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        self.0.pop_front()?.err()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held() -> Lock {
+        Lock {
+            fence: 77,
+            holder: Some(Holder {
+                token: b"t\0k".to_vec().into_boxed_slice(),
+                deadline: 123,
+                holds: 2,
+                session: true,
+            }),
+        }
+    }
+
+    #[test]
+    fn held_and_free_locks_round_trip() {
+        for lock in [
+            held(),
+            Lock {
+                fence: 5,
+                holder: None,
+            },
+        ] {
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert_eq!(load(ENCODING_VERSION, &mut fields), Ok(lock));
+            assert!(fields.0.is_empty());
+        }
+    }
+
+    #[test]
+    fn newer_encoding_is_refused() {
+        let mut fields = Fields::default();
+        save(&held(), &mut fields);
+        assert_eq!(load(2, &mut fields), Err(DecodeError::NewerVersion(2)));
+    }
+
+    #[test]
+    fn every_truncation_is_a_short_read() {
+        let mut full = Fields::default();
+        save(&held(), &mut full);
+        for cut in 0..full.0.len() {
+            let mut part = Fields(full.0.iter().take(cut).cloned().collect());
+            assert_eq!(
+                load(1, &mut part),
+                Err(DecodeError::ShortRead),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn nonsense_fields_are_invalid() {
+        let mut bad_flag = Fields(vec![Ok(1), Ok(7)].into());
+        assert_eq!(
+            load(1, &mut bad_flag),
+            Err(DecodeError::Invalid("bad holder flag"))
+        );
+        let mut zero_holds =
+            Fields(vec![Ok(1), Ok(1), Err(b"t".to_vec()), Ok(1), Ok(0), Ok(0)].into());
+        assert_eq!(
+            load(1, &mut zero_holds),
+            Err(DecodeError::Invalid("hold count out of range"))
+        );
+        let mut huge_fence = Fields(vec![Ok(u64::MAX), Ok(0)].into());
+        assert_eq!(
+            load(1, &mut huge_fence),
+            Err(DecodeError::Invalid("fence out of range"))
+        );
+    }
+
+    fn round_trip(event: Event, lock: Lock) {
+        let args = effect_args(event, &lock);
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let effect = parse_effect(&refs).unwrap();
+        assert_eq!(effect.event, event);
+        assert_eq!(effect.lock, lock);
+        assert!(effect.floor >= lock.fence);
+    }
+
+    #[test]
+    fn state_formats_every_field() {
+        let held = Lock {
+            fence: 12,
+            holder: Some(Holder {
+                token: b"t".to_vec().into_boxed_slice(),
+                deadline: 18_446_744_073_709_551_615,
+                holds: 3,
+                session: true,
+            }),
+        };
+        let state = State::of(Event::Acquire, &held);
+        let text = std::str::from_utf8(state.as_bytes()).unwrap();
+        let floor = floor::get().max(12);
+        assert_eq!(text, format!("acquire:12:{floor}:18446744073709551615:3:1"));
+        let free = State::of(
+            Event::Release,
+            &Lock {
+                fence: 0,
+                holder: None,
+            },
+        );
+        assert_eq!(
+            free.as_bytes(),
+            format!("release:0:{}", floor::get()).as_bytes()
+        );
+    }
+
+    #[test]
+    fn effects_round_trip() {
+        round_trip(
+            Event::Release,
+            Lock {
+                fence: 9,
+                holder: None,
+            },
+        );
+        round_trip(
+            Event::Acquire,
+            Lock {
+                fence: 10,
+                holder: Some(Holder {
+                    token: b"\x00\xffbinary".to_vec().into_boxed_slice(),
+                    deadline: 1_764_000_000_000,
+                    holds: 3,
+                    session: true,
+                }),
+            },
+        );
+    }
+
+    #[test]
+    fn malformed_effects_are_refused() {
+        let bad: [&[&[u8]]; 10] = [
+            &[b"acquire:1"],
+            &[b"bogus:1:1"],
+            &[b"acquire:-1:1"],
+            &[b"acquire:1:1", b"tok"],
+            &[b"acquire:1:1:5:1:0", b""],
+            &[b"acquire:1:1:5:0:0", b"tok"],
+            &[b"acquire:99999999999999999999:1"],
+            &[b"acquire:1:1:7"],
+            &[b"acquire:1:1:5:1:0:9", b"tok"],
+            &[b"acquire:1:1", b"tok", b"extra"],
+        ];
+        for args in bad {
+            assert!(parse_effect(args).is_err(), "{args:?}");
+        }
+    }
+}

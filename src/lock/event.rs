@@ -1,0 +1,71 @@
+//! What happened to a lock: the word a change is replicated as, and the keyspace notification it
+//! is announced with.
+
+use std::ffi::CStr;
+
+/// One kind of change. Replicas count the same events as their primary, so each kind has its
+/// own word; `Sync` restates a lock without announcing anything (AOF rewrite).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Acquire,
+    Release,
+    /// A release that dropped one of several reentrant holds: the lock stays held.
+    DropHold,
+    /// The connection that owned a session lock closed.
+    SessionEnd,
+    Renew,
+    Expired,
+    ForceRelease,
+    Sync,
+}
+
+impl Event {
+    const ALL: [Event; 8] = [
+        Event::Acquire,
+        Event::Release,
+        Event::DropHold,
+        Event::SessionEnd,
+        Event::Renew,
+        Event::Expired,
+        Event::ForceRelease,
+        Event::Sync,
+    ];
+
+    /// True when the change left the lock free.
+    pub fn frees(self) -> bool {
+        matches!(
+            self,
+            Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease
+        )
+    }
+
+    /// The event's name in `LOCK.APPLY`.
+    pub fn word(self) -> &'static CStr {
+        match self {
+            Event::Acquire => c"acquire",
+            Event::Release => c"release",
+            Event::DropHold => c"drophold",
+            Event::SessionEnd => c"sessionend",
+            Event::Renew => c"renew",
+            Event::Expired => c"expired",
+            Event::ForceRelease => c"forcerelease",
+            Event::Sync => c"sync",
+        }
+    }
+
+    /// The keyspace notification, published in the module class (`d`).
+    pub fn notification(self) -> Option<&'static CStr> {
+        match self {
+            Event::Acquire => Some(c"lock.acquire"),
+            Event::Release | Event::SessionEnd => Some(c"lock.release"),
+            Event::Renew => Some(c"lock.renew"),
+            Event::Expired => Some(c"lock.expired"),
+            Event::ForceRelease => Some(c"lock.forcerelease"),
+            Event::DropHold | Event::Sync => None,
+        }
+    }
+
+    pub fn parse(word: &[u8]) -> Option<Event> {
+        Event::ALL.into_iter().find(|e| e.word().to_bytes() == word)
+    }
+}

@@ -1,0 +1,207 @@
+//! The lease index: every lock with a deadline, ordered by it, so the expiry timer finds what is
+//! due without scanning the keyspace.
+//!
+//! An entry is (deadline, slot) -> key name, where the slot packs a database handle (high 32
+//! bits) with the low 32 bits of the lock's id: 32 bytes per entry, the size that matters with a
+//! million leases. Entries are hints: a key renamed, moved, deleted or flushed leaves a stale
+//! entry, and a lock id's low bits may repeat after 2^32 values; whoever pops an entry checks the
+//! key's value before acting on it.
+//!
+//! Databases are named through handles so that SWAPDB is O(1): it swaps which database two
+//! handles stand for, and every entry follows its data.
+
+use std::collections::BTreeMap;
+
+const ID_BITS: u32 = 32;
+const ID_MASK: u64 = (1 << ID_BITS) - 1;
+
+/// The part of a lock id the index keeps: compare ids with this.
+pub fn short_id(id: u64) -> u64 {
+    id & ID_MASK
+}
+
+/// An entry that came due.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Due {
+    pub db: i32,
+    /// The lock's short id ([`short_id`]).
+    pub id: u64,
+    pub key: Box<[u8]>,
+}
+
+#[derive(Default)]
+pub struct LeaseIndex {
+    entries: BTreeMap<(u64, u64), Box<[u8]>>,
+    /// Handle -> database number.
+    dbs: Vec<i32>,
+    /// Database number -> handle (`u32::MAX`: none yet).
+    handles: Vec<u32>,
+}
+
+impl LeaseIndex {
+    pub const fn new() -> Self {
+        LeaseIndex {
+            entries: BTreeMap::new(),
+            dbs: Vec::new(),
+            handles: Vec::new(),
+        }
+    }
+
+    fn handle(&mut self, db: i32) -> u32 {
+        let at = usize::try_from(db).unwrap_or(0);
+        if self.handles.len() <= at {
+            self.handles.resize(at + 1, u32::MAX);
+        }
+        if self.handles[at] == u32::MAX {
+            self.handles[at] = u32::try_from(self.dbs.len()).unwrap_or(u32::MAX - 1);
+            self.dbs.push(db);
+        }
+        self.handles[at]
+    }
+
+    fn slot(&mut self, db: i32, id: u64) -> u64 {
+        (u64::from(self.handle(db)) << ID_BITS) | short_id(id)
+    }
+
+    fn db_of(&self, slot: u64) -> i32 {
+        let handle = (slot >> ID_BITS) as usize;
+        self.dbs.get(handle).copied().unwrap_or(-1)
+    }
+
+    /// Adds an entry for lock `id` under `key` in `db`, due at `at`.
+    pub fn insert(&mut self, at: u64, db: i32, id: u64, key: &[u8]) {
+        let slot = self.slot(db, id);
+        self.entries.insert((at, slot), key.into());
+    }
+
+    /// Moves the entry of lock `id` from `old` to `new` (either may be absent); a move reuses the
+    /// entry's copy of the key name.
+    pub fn reindex(&mut self, db: i32, id: u64, key: &[u8], old: Option<u64>, new: Option<u64>) {
+        let slot = self.slot(db, id);
+        let previous = old.and_then(|old| self.entries.remove(&(old, slot)));
+        if let Some(new) = new {
+            let name = match previous {
+                Some(name) if *name == *key => name,
+                _ => key.into(),
+            };
+            self.entries.insert((new, slot), name);
+        }
+    }
+
+    /// The earliest time anything is due.
+    pub fn first_due(&self) -> Option<u64> {
+        self.entries.first_key_value().map(|((at, _), _)| *at)
+    }
+
+    /// Takes the earliest entry if it is due at `now`.
+    pub fn pop_due(&mut self, now: u64) -> Option<Due> {
+        if self.first_due()? > now {
+            return None;
+        }
+        let ((_, slot), key) = self.entries.pop_first()?;
+        Some(Due {
+            db: self.db_of(slot),
+            id: slot & ID_MASK,
+            key,
+        })
+    }
+
+    /// Drops the entries of database `db`, or all for `None` (FLUSHDB / FLUSHALL).
+    pub fn forget_db(&mut self, db: Option<i32>) {
+        match db {
+            Some(db) => {
+                let handle = u64::from(self.handle(db));
+                self.entries
+                    .retain(|(_, slot), _| slot >> ID_BITS != handle);
+            }
+            None => self.entries.clear(),
+        }
+    }
+
+    /// SWAPDB: the data of `a` is now in `b` and the other way round.
+    pub fn swap_dbs(&mut self, a: i32, b: i32) {
+        let (ha, hb) = (self.handle(a), self.handle(b));
+        self.dbs.swap(ha as usize, hb as usize);
+        if let (Ok(a), Ok(b)) = (usize::try_from(a), usize::try_from(b)) {
+            self.handles.swap(a, b);
+        }
+    }
+
+    /// Replaces every entry (after loading): `(at, db, id, key)` for each lock with a deadline.
+    pub fn replace(&mut self, found: impl IntoIterator<Item = (u64, i32, u64, Box<[u8]>)>) {
+        self.entries.clear();
+        for (at, db, id, key) in found {
+            let slot = self.slot(db, id);
+            self.entries.insert((at, slot), key);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(db: i32, id: u64, key: &str) -> Due {
+        Due {
+            db,
+            id,
+            key: key.as_bytes().into(),
+        }
+    }
+
+    #[test]
+    fn entries_come_due_in_deadline_order() {
+        let mut index = LeaseIndex::new();
+        index.insert(30, 0, 3, b"c");
+        index.insert(10, 1, 1, b"a");
+        index.insert(20, 0, 2, b"b");
+        assert_eq!(index.first_due(), Some(10));
+        assert_eq!(index.pop_due(9), None);
+        assert_eq!(index.pop_due(20), Some(due(1, 1, "a")));
+        assert_eq!(index.pop_due(20), Some(due(0, 2, "b")));
+        assert_eq!(index.pop_due(20), None);
+        assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn reindex_moves_an_entry_and_removes_it_without_a_new_deadline() {
+        let mut index = LeaseIndex::new();
+        index.reindex(0, 7, b"k", None, Some(100));
+        index.reindex(0, 7, b"k", Some(100), Some(200));
+        assert_eq!(index.pop_due(150), None);
+        index.reindex(0, 7, b"k", Some(200), None);
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn databases_beyond_u16_keep_their_number() {
+        let mut index = LeaseIndex::new();
+        index.insert(5, 70_000, 1, b"k");
+        assert_eq!(index.pop_due(5), Some(due(70_000, 1, "k")));
+    }
+
+    #[test]
+    fn swapdb_moves_entries_with_their_data_and_flushdb_drops_one_db() {
+        let mut index = LeaseIndex::new();
+        index.insert(1, 0, 1, b"zero");
+        index.insert(2, 3, 2, b"three");
+        index.insert(3, 5, 3, b"five");
+        index.swap_dbs(0, 3);
+        index.swap_dbs(3, 9);
+        // "zero" went 0 -> 3 -> 9, "three" 3 -> 0.
+        index.forget_db(Some(5));
+        assert_eq!(index.pop_due(10), Some(due(9, 1, "zero")));
+        assert_eq!(index.pop_due(10), Some(due(0, 2, "three")));
+        assert_eq!(index.pop_due(10), None);
+        index.insert(4, 3, 4, b"new in three");
+        assert_eq!(index.pop_due(10), Some(due(3, 4, "new in three")));
+    }
+}

@@ -1,0 +1,323 @@
+//! The clients waiting on locks: per key, a FIFO of acquirers (`LOCK.ACQUIRE ... WAIT`) and the
+//! watchers of `LOCK.WAIT`, grouped by the grant they wait to see end.
+//!
+//! Waiter ids grow with every enqueue, so an ordered map by id is the arrival order: the head is
+//! its first entry, and removing any waiter (timeout, disconnect, `CLIENT UNBLOCK`) costs
+//! O(log n), so a mass disconnect of n waiters costs O(n log n). Keys are grouped by database,
+//! so FLUSHDB and SWAPDB find theirs without looking at other databases.
+//!
+//! `H` is the blocked-client handle of the host; nothing here touches it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+use crate::lock::KeyRef;
+use crate::metrics;
+
+/// What a queued acquirer asked for.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub token: Box<[u8]>,
+    pub ttl: u64,
+    pub reentrant: bool,
+    pub session: bool,
+    pub client: u64,
+}
+
+#[derive(Debug)]
+pub enum Kind {
+    Acquire(Request),
+    /// `LOCK.WAIT`: the fence of the grant it waits to see end.
+    Watch {
+        fence: u64,
+    },
+}
+
+#[derive(Debug)]
+pub struct Waiter<H> {
+    pub id: u64,
+    pub handle: H,
+    pub since: Instant,
+    pub kind: Kind,
+}
+
+/// What a blocked client carries (its private data): enough to find its queue entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tag {
+    pub id: u64,
+    pub key: KeyRef,
+    /// `Some(fence)` for a watcher of the grant with that fence.
+    pub watch: Option<u64>,
+}
+
+struct Queue<H> {
+    acquirers: BTreeMap<u64, Waiter<H>>,
+    /// Fence waited on -> watchers by id.
+    watchers: BTreeMap<u64, BTreeMap<u64, Waiter<H>>>,
+    watcher_count: usize,
+}
+
+impl<H> Queue<H> {
+    fn new() -> Self {
+        Queue {
+            acquirers: BTreeMap::new(),
+            watchers: BTreeMap::new(),
+            watcher_count: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.acquirers.len() + self.watcher_count
+    }
+}
+
+pub struct Queues<H> {
+    /// Database -> key -> queue; a key without waiters has no queue.
+    dbs: HashMap<i32, HashMap<Box<[u8]>, Queue<H>>>,
+    /// Watchers taken off their queue and unblocked, until their timeout callback answers them.
+    woken: HashSet<u64>,
+    next_id: u64,
+}
+
+impl<H> Default for Queues<H> {
+    fn default() -> Self {
+        Queues {
+            dbs: HashMap::new(),
+            woken: HashSet::new(),
+            next_id: 1,
+        }
+    }
+}
+
+impl<H> Queues<H> {
+    fn queue(&self, db: i32, key: &[u8]) -> Option<&Queue<H>> {
+        self.dbs.get(&db)?.get(key)
+    }
+
+    /// Runs `f` on the queue of `key`, dropping the queue (and the db's map) when it empties.
+    fn with_queue<R>(
+        &mut self,
+        db: i32,
+        key: &[u8],
+        f: impl FnOnce(&mut Queue<H>) -> R,
+    ) -> Option<R> {
+        let keys = self.dbs.get_mut(&db)?;
+        let queue = keys.get_mut(key)?;
+        let result = f(queue);
+        if queue.len() == 0 {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.dbs.remove(&db);
+            }
+        }
+        Some(result)
+    }
+
+    /// A new waiter id, larger than every earlier one.
+    pub fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Number of clients waiting on `key` (acquirers and watchers).
+    pub fn waiting_on(&self, db: i32, key: &[u8]) -> usize {
+        self.queue(db, key).map_or(0, Queue::len)
+    }
+
+    /// Number of acquirers queued on `key`: a new, non-waiting acquire must not overtake them.
+    pub fn acquirers_on(&self, db: i32, key: &[u8]) -> usize {
+        self.queue(db, key).map_or(0, |q| q.acquirers.len())
+    }
+
+    /// Queues a blocked client; `tag` must be the tag it was blocked with.
+    pub fn enqueue(&mut self, tag: &Tag, waiter: Waiter<H>) {
+        let (db, key) = &tag.key;
+        let queue = self
+            .dbs
+            .entry(*db)
+            .or_default()
+            .entry(key.clone())
+            .or_insert_with(Queue::new);
+        match tag.watch {
+            None => {
+                queue.acquirers.insert(waiter.id, waiter);
+            }
+            Some(fence) => {
+                queue
+                    .watchers
+                    .entry(fence)
+                    .or_default()
+                    .insert(waiter.id, waiter);
+                queue.watcher_count += 1;
+            }
+        }
+        metrics::WAITERS.add(1);
+    }
+
+    /// Removes a waiter (timeout, disconnect, CLIENT UNBLOCK, freed). Returns it when it was
+    /// still queued.
+    pub fn remove(&mut self, tag: &Tag) -> Option<Waiter<H>> {
+        let (db, key) = &tag.key;
+        let waiter = self.with_queue(*db, key, |queue| match tag.watch {
+            None => queue.acquirers.remove(&tag.id),
+            Some(fence) => {
+                let group = queue.watchers.get_mut(&fence)?;
+                let waiter = group.remove(&tag.id)?;
+                if group.is_empty() {
+                    queue.watchers.remove(&fence);
+                }
+                queue.watcher_count -= 1;
+                Some(waiter)
+            }
+        })??;
+        metrics::WAITERS.add(-1);
+        Some(waiter)
+    }
+
+    /// True when waiter `id` is the first acquirer queued on `key`.
+    pub fn is_head(&self, db: i32, key: &[u8], id: u64) -> bool {
+        self.queue(db, key)
+            .and_then(|q| q.acquirers.first_key_value())
+            .is_some_and(|(head, _)| *head == id)
+    }
+
+    /// Takes the watchers of `key` whose wait is over: all when the lock is free (`current` is
+    /// `None`), else those that waited on a grant other than the current one.
+    pub fn take_watchers(&mut self, db: i32, key: &[u8], current: Option<u64>) -> Vec<Waiter<H>> {
+        let woken = self
+            .with_queue(db, key, |queue| {
+                let kept = current.and_then(|fence| queue.watchers.remove_entry(&fence));
+                let woken: Vec<Waiter<H>> = std::mem::take(&mut queue.watchers)
+                    .into_values()
+                    .flat_map(BTreeMap::into_values)
+                    .collect();
+                queue.watchers.extend(kept);
+                queue.watcher_count -= woken.len();
+                woken
+            })
+            .unwrap_or_default();
+        metrics::WAITERS.add(-i64::try_from(woken.len()).unwrap_or(i64::MAX));
+        woken
+    }
+
+    /// Keys with waiters in `db` (all dbs for `None`).
+    pub fn keys_in(&self, db: Option<i32>) -> Vec<KeyRef> {
+        let keys = |(db, keys): (&i32, &HashMap<Box<[u8]>, Queue<H>>)| {
+            keys.keys()
+                .map(|key| (*db, key.clone()))
+                .collect::<Vec<_>>()
+        };
+        match db {
+            Some(db) => self.dbs.get_key_value(&db).map(keys).unwrap_or_default(),
+            None => self.dbs.iter().flat_map(keys).collect(),
+        }
+    }
+
+    /// Records that watcher `id` was woken by the module (not by a timeout).
+    pub fn mark_woken(&mut self, id: u64) {
+        self.woken.insert(id);
+    }
+
+    /// True (once) when watcher `id` was woken by the module.
+    pub fn take_woken(&mut self, id: u64) -> bool {
+        self.woken.remove(&id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(q: &mut Queues<u32>, key: &str, watch: Option<u64>) -> Tag {
+        Tag {
+            id: q.next_id(),
+            key: (0, key.as_bytes().into()),
+            watch,
+        }
+    }
+
+    fn waiter(tag: &Tag, handle: u32) -> Waiter<u32> {
+        let kind = match tag.watch {
+            Some(fence) => Kind::Watch { fence },
+            None => Kind::Acquire(Request {
+                token: b"t".as_slice().into(),
+                ttl: 1,
+                reentrant: false,
+                session: false,
+                client: 1,
+            }),
+        };
+        Waiter {
+            id: tag.id,
+            handle,
+            since: Instant::now(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn acquirers_leave_in_arrival_order_from_anywhere_in_the_queue() {
+        let mut q = Queues::default();
+        let tags: Vec<Tag> = (0..5).map(|_| tag(&mut q, "k", None)).collect();
+        for (n, t) in tags.iter().enumerate() {
+            q.enqueue(t, waiter(t, n as u32));
+        }
+        assert_eq!(q.acquirers_on(0, b"k"), 5);
+        assert!(q.is_head(0, b"k", tags[0].id));
+        assert_eq!(q.remove(&tags[2]).map(|w| w.handle), Some(2));
+        assert!(q.remove(&tags[2]).is_none());
+        assert_eq!(q.remove(&tags[0]).map(|w| w.handle), Some(0));
+        assert!(q.is_head(0, b"k", tags[1].id));
+        for t in [&tags[1], &tags[3], &tags[4]] {
+            assert!(q.remove(t).is_some());
+        }
+        assert_eq!(q.waiting_on(0, b"k"), 0);
+        assert!(q.keys_in(None).is_empty());
+    }
+
+    #[test]
+    fn watchers_of_the_current_grant_stay_and_others_wake() {
+        let mut q = Queues::default();
+        let old = tag(&mut q, "k", Some(7));
+        let current = tag(&mut q, "k", Some(9));
+        q.enqueue(&old, waiter(&old, 1));
+        q.enqueue(&current, waiter(&current, 2));
+        let woken: Vec<u32> = q
+            .take_watchers(0, b"k", Some(9))
+            .iter()
+            .map(|w| w.handle)
+            .collect();
+        assert_eq!(woken, vec![1]);
+        assert_eq!(q.waiting_on(0, b"k"), 1);
+        let woken: Vec<u32> = q
+            .take_watchers(0, b"k", None)
+            .iter()
+            .map(|w| w.handle)
+            .collect();
+        assert_eq!(woken, vec![2]);
+        assert_eq!(q.waiting_on(0, b"k"), 0);
+        assert!(q.remove(&current).is_none());
+    }
+
+    #[test]
+    fn keys_are_listed_per_database() {
+        let mut q = Queues::default();
+        for (db, key) in [(0, "a"), (1, "b"), (1, "c")] {
+            let t = Tag {
+                id: q.next_id(),
+                key: (db, key.as_bytes().into()),
+                watch: None,
+            };
+            q.enqueue(&t, waiter(&t, 0));
+        }
+        let mut in_one = q.keys_in(Some(1));
+        in_one.sort();
+        assert_eq!(
+            in_one,
+            vec![(1, b"b".as_slice().into()), (1, b"c".as_slice().into())]
+        );
+        assert_eq!(q.keys_in(None).len(), 3);
+        assert!(q.keys_in(Some(2)).is_empty());
+    }
+}

@@ -1,0 +1,362 @@
+//! The LOCK.* commands: arguments, a call into the lock core, the reply, and the announcement
+//! and replication of whatever changed (through `change`).
+
+use redis_module::{Context, RedisString, RedisValue};
+
+use crate::config;
+use crate::error::LockError;
+use crate::host::command::{reply_map, Command, CommandResult};
+use crate::host::keys::redact;
+use crate::host::server::{client_id, is_loading, is_replayed, may_block, now_ms, parse_integer};
+use crate::lock::codec;
+use crate::lock::core::{Acquire, Lock};
+use crate::lock::event::Event;
+use crate::lock::floor;
+use crate::lock::queues::{Kind, Request};
+use crate::lock::sessions;
+use crate::metrics;
+use crate::service::args::{self, AcquireOptions};
+use crate::service::change::{change, expire_overdue};
+use crate::service::effects;
+use crate::service::handoff::{self, fence_reply};
+use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
+use crate::service::waiters;
+
+/// Declares a unit type per command whose `Command::run` is the given handler.
+macro_rules! commands {
+    ($($name:ident => $handler:ident),* $(,)?) => {$(
+        pub struct $name;
+        impl Command for $name {
+            fn run(ctx: &Context, args: &[RedisString]) -> CommandResult {
+                $handler(ctx, args)
+            }
+        }
+    )*};
+}
+
+commands! {
+    LockAcquire => acquire,
+    LockRelease => release,
+    LockRenew => renew,
+    LockFence => fence,
+    LockWait => wait,
+    LockInfo => info,
+    LockForceRelease => force_release,
+    LockApply => apply,
+    LockFloor => floor_cmd,
+}
+
+/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION]`
+fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token, ttl, options @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = args::token(ctx, token)?;
+    let ttl = args::ttl(ctx, ttl)?;
+    let options = AcquireOptions::parse(options)?;
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let grant = |lock: &mut Lock| {
+        lock.acquire(
+            token,
+            ttl,
+            options.reentrant,
+            options.session,
+            floor::get(),
+            now,
+        )
+    };
+    let outcome = match in_key_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            let holds_it = stored
+                .lock()
+                .live_holder(now)
+                .is_some_and(|h| *h.token == *token);
+            let mut outcome = Ok(Acquire::Busy);
+            // Queued waiters are not overtaken: only their holder may re-acquire.
+            if holds_it || !waiters::queued(ctx, key_name) {
+                change(ctx, key_name, stored, now, |lock| {
+                    outcome = grant(lock);
+                    matches!(
+                        outcome,
+                        Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
+                    )
+                    .then_some(Event::Acquire)
+                });
+            }
+            outcome
+        }
+        None => {
+            let mut lock = Lock::default();
+            let outcome = grant(&mut lock);
+            if outcome.is_ok() {
+                key.set_value(&LOCK_TYPE, Stored::granted(lock))
+                    .map_err(|_| LockError::internal("a new lock could not be stored"))?;
+                let stored = in_key_mut(&key)?
+                    .ok_or(LockError::internal("a new lock vanished from its key"))?;
+                effects::propagate(ctx, key_name, Event::Acquire, stored, None);
+            }
+            outcome
+        }
+    };
+    match outcome.map_err(|_| LockError::FenceExhausted)? {
+        grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
+            if options.session {
+                sessions::claim(waiters::key_ref(ctx, key_name), client_id(ctx), token);
+            }
+            if matches!(grant, Acquire::Granted { .. }) {
+                // Granted without waiting.
+                metrics::ACQUIRE_WAIT.record(0);
+            }
+            metrics::ACQUIRED.incr();
+            Ok(RedisValue::Integer(fence_reply(fence)))
+        }
+        Acquire::Busy => match options.wait {
+            Some(timeout) if may_block(ctx) => {
+                let (db, name) = waiters::key_ref(ctx, key_name);
+                let max = config::MAX_WAITERS.get();
+                let queued = waiters::queues().acquirers_on(db, &name);
+                if i64::try_from(queued).map_or(true, |n| n >= max) {
+                    metrics::ACQUIRE_CONTENDED.incr();
+                    return Err(LockError::TooManyWaiters { max });
+                }
+                let request = Request {
+                    token: token.into(),
+                    ttl,
+                    reentrant: options.reentrant,
+                    session: options.session,
+                    client: client_id(ctx),
+                };
+                handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
+            }
+            _ => {
+                metrics::ACQUIRE_CONTENDED.incr();
+                Ok(RedisValue::Null)
+            }
+        },
+    }
+}
+
+/// `LOCK.RELEASE key token`
+fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = args::token(ctx, token)?;
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let released = match in_key_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            let mut released = None;
+            change(ctx, key_name, stored, now, |lock| {
+                released = lock.release(token, now);
+                released.map(|free| {
+                    if free {
+                        Event::Release
+                    } else {
+                        Event::DropHold
+                    }
+                })
+            });
+            released
+        }
+        None => None,
+    };
+    if released.is_some() {
+        metrics::RELEASED.incr();
+        Ok(RedisValue::Integer(1))
+    } else {
+        metrics::RELEASE_MISMATCH.incr();
+        Ok(RedisValue::Integer(0))
+    }
+}
+
+/// `LOCK.RENEW key token ttl-ms`
+fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, token, ttl] = args else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, 2);
+    let token = args::token(ctx, token)?;
+    let ttl = args::ttl(ctx, ttl)?;
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let renewed = match in_key_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            change(ctx, key_name, stored, now, |lock| {
+                lock.renew(token, ttl, now).then_some(Event::Renew)
+            })
+            .is_some()
+        }
+        None => false,
+    };
+    if renewed {
+        metrics::RENEWED.incr();
+    } else {
+        metrics::RENEW_FAILED.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(renewed)))
+}
+
+/// `LOCK.FORCERELEASE key`
+fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let now = now_ms();
+    let key = ctx.open_key_writable(key_name);
+    let freed = match in_key_mut(&key)? {
+        Some(stored) => {
+            expire_overdue(ctx, key_name, stored, now);
+            change(ctx, key_name, stored, now, |lock| {
+                lock.force_release(now).then_some(Event::ForceRelease)
+            })
+            .is_some()
+        }
+        None => false,
+    };
+    if freed {
+        metrics::FORCED.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(freed)))
+}
+
+/// `LOCK.FENCE key fence`
+fn fence(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, fence] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let fence = args::fence(fence)?;
+    let key = ctx.open_key(key_name);
+    let current = in_key(&key)?.is_some_and(|s| s.lock().fence_is_current(fence, now_ms()));
+    metrics::FENCE_CHECKS.incr();
+    if !current {
+        metrics::FENCE_REJECTS.incr();
+    }
+    Ok(RedisValue::Integer(i64::from(current)))
+}
+
+/// `LOCK.INFO key`: a map (RESP3) or flat field/value array (RESP2); never the token.
+fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let key = ctx.open_key(key_name);
+    let Some(stored) = in_key(&key)? else {
+        return Ok(RedisValue::Null);
+    };
+    let now = now_ms();
+    let lock = stored.lock();
+    let live = lock.live_holder(now);
+    let ttl = lock
+        .ttl(now)
+        .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
+    let waiters = i64::try_from(waiters::waiting_on(ctx, key_name)).unwrap_or(i64::MAX);
+    let state = if live.is_some() { "held" } else { "free" };
+    reply_map(
+        ctx,
+        vec![
+            ("state", RedisValue::SimpleStringStatic(state)),
+            ("fence", RedisValue::Integer(fence_reply(lock.fence))),
+            ("ttl", RedisValue::Integer(ttl)),
+            (
+                "holds",
+                RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds))),
+            ),
+            ("waiters", RedisValue::Integer(waiters)),
+            (
+                "session",
+                RedisValue::Integer(live.map_or(0, |h| i64::from(h.session))),
+            ),
+        ],
+    )
+}
+
+/// `LOCK.WAIT key timeout-ms`: waits, without taking the lock, until the current grant ends.
+fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, timeout] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let timeout = args::timeout(timeout)?;
+    let now = now_ms();
+    let key = ctx.open_key(key_name);
+    let held = in_key(&key)?.and_then(|s| s.lock().live_holder(now).map(|_| s.lock().fence));
+    match held {
+        None => Ok(RedisValue::Integer(1)),
+        Some(fence) if may_block(ctx) => {
+            handoff::block(ctx, key_name, timeout, Kind::Watch { fence })
+        }
+        Some(_) => Ok(RedisValue::Integer(0)),
+    }
+}
+
+/// `LOCK.APPLY key event:fence:floor[:deadline:holds:flags] [token]`: the replicated effect of a
+/// change on the primary. Refused from ordinary clients.
+fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, rest @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    if !is_replayed(ctx) {
+        return Err(LockError::InternalCommand("LOCK.APPLY"));
+    }
+    redact(ctx, 3);
+    let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
+    let effect = codec::parse_effect(&raw_args)?;
+    effects::note_floor(&effect);
+    let key = ctx.open_key_writable(key_name);
+    let before = match in_key_mut(&key)? {
+        Some(stored) => {
+            let before = stored.deadline();
+            stored.update(|current| *current = effect.lock);
+            before
+        }
+        None => {
+            key.set_value(&LOCK_TYPE, Stored::new(effect.lock))
+                .map_err(|_| LockError::internal("an applied lock could not be stored"))?;
+            None
+        }
+    };
+    let stored =
+        in_key_mut(&key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
+    if !is_loading(ctx) {
+        count_applied(effect.event);
+    }
+    effects::announce(ctx, key_name, effect.event, stored, before);
+    waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// `LOCK.FLOOR n`: raises the fence floor (from the AOF or the primary). Refused from clients.
+fn floor_cmd(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, value] = args else {
+        return Err(LockError::WrongArity);
+    };
+    if !is_replayed(ctx) {
+        return Err(LockError::InternalCommand("LOCK.FLOOR"));
+    }
+    let value = parse_integer(value)
+        .and_then(|f| u64::try_from(f).ok())
+        .ok_or(LockError::BadEffect("floor"))?;
+    floor::raise(value);
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// Replicas count what their primary did, so INFO reads alike on both.
+fn count_applied(event: Event) {
+    match event {
+        Event::Acquire => metrics::ACQUIRED.incr(),
+        Event::Release | Event::DropHold => metrics::RELEASED.incr(),
+        Event::SessionEnd => metrics::SESSION_RELEASED.incr(),
+        Event::Renew => metrics::RENEWED.incr(),
+        Event::Expired => metrics::EXPIRED.incr(),
+        Event::ForceRelease => metrics::FORCED.incr(),
+        Event::Sync => {}
+    }
+}

@@ -1,0 +1,90 @@
+//! Work that may not run where it is noticed (keyspace-notification and server-event callbacks
+//! must not write): queued here, each job once, and run from a 0 ms timer on the next
+//! event-loop turn.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use redis_module::Context;
+
+use crate::host::server::{is_primary, key_string, now_ms, select_db, selected_db};
+use crate::host::timer;
+use crate::lock::sessions;
+use crate::lock::KeyRef;
+use crate::service::{change, safety};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Job {
+    /// A key with waiters was deleted, flushed, swapped or recreated.
+    SettleKey(KeyRef),
+    /// A connection that owned session locks closed.
+    SessionLost(u64),
+    /// The server's configuration changed: look for settings that endanger locks.
+    CheckConfig,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Jobs in the order they were deferred; `queued` has the same jobs, for O(1) de-duplication.
+    jobs: VecDeque<Job>,
+    queued: HashSet<Job>,
+    armed: bool,
+}
+
+static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(|| Mutex::new(Pending::default()));
+
+fn pending() -> MutexGuard<'static, Pending> {
+    PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Queues `job` (unless it is already queued) for the next event-loop turn.
+pub fn defer(ctx: &Context, job: Job) {
+    let mut p = pending();
+    if p.queued.insert(job.clone()) {
+        p.jobs.push_back(job);
+    }
+    if !p.armed {
+        p.armed = timer::create(ctx, 0, run).is_some();
+    }
+}
+
+/// The timer's callback.
+fn run(ctx: &Context) {
+    let jobs = {
+        let mut p = pending();
+        p.armed = false;
+        p.queued.clear();
+        std::mem::take(&mut p.jobs)
+    };
+    let primary = is_primary(ctx);
+    let original_db = selected_db(ctx);
+    let now = now_ms();
+    for job in jobs {
+        match job {
+            Job::SettleKey((db, key)) => {
+                if select_db(ctx, db) {
+                    let name = key_string(ctx, &key);
+                    if primary {
+                        change::settle_key(ctx, &name, now);
+                    } else {
+                        // Replicas only have LOCK.WAIT watchers, and never write.
+                        change::wake_watchers_of(ctx, &name, now);
+                    }
+                }
+            }
+            Job::CheckConfig => safety::check(ctx),
+            // Sessions end only on the primary; a replica's sessions died with its role.
+            Job::SessionLost(_) if !primary => {}
+            Job::SessionLost(client) => {
+                for ((db, key), token) in sessions::disconnected(client) {
+                    if select_db(ctx, db) {
+                        change::end_session(ctx, &key_string(ctx, &key), &token, now);
+                    }
+                }
+            }
+        }
+    }
+    select_db(ctx, original_db);
+}

@@ -1,0 +1,76 @@
+//! State changes as effects. The primary decides; replicas and AOF replay apply.
+//!
+//! Every change of a lock is sent to replicas and the AOF as `LOCK.APPLY key state [token]`
+//! (see `lock::codec`): the whole resulting state with absolute values, so applying it never
+//! depends on the replica's clock or configs. The same code announces the change locally:
+//! WATCH invalidation, the keyspace notification and the lease index.
+
+use redis_module::{Context, RedisString};
+
+use crate::host::keys;
+use crate::host::server::{is_primary, selected_db};
+use crate::lock::codec::{Effect, State};
+use crate::lock::event::Event;
+use crate::lock::floor;
+use crate::service::leases;
+use crate::service::value::{Stored, APPLY};
+
+/// The name of the internal floor command.
+pub const FLOOR: &str = "LOCK.FLOOR";
+
+/// Tells the rest of the server about a change that already happened to the lock under `key`:
+/// WATCH invalidation, the keyspace notification and the lease index. `old_deadline` is the
+/// lease deadline before the change, if there was one.
+pub fn announce(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    stored: &Stored,
+    old_deadline: Option<u64>,
+) {
+    keys::signal_modified(ctx, key);
+    if let Some(name) = event.notification() {
+        keys::notify_module_event(ctx, name, key);
+    }
+    let new_deadline = stored.deadline();
+    if old_deadline != new_deadline {
+        let db = selected_db(ctx);
+        leases::reindex(
+            ctx,
+            stored.id(),
+            db,
+            key.as_slice(),
+            old_deadline,
+            new_deadline,
+        );
+    }
+}
+
+/// On the primary: announces a change and sends it to replicas and the AOF.
+pub fn propagate(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    stored: &Stored,
+    old_deadline: Option<u64>,
+) {
+    announce(ctx, key, event, stored, old_deadline);
+    let lock = stored.lock();
+    let state = State::of(event, lock);
+    let token = lock.holder.as_ref().map(|h| &*h.token);
+    keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), token);
+}
+
+/// Writes the fence floor to the AOF (and replicas) as `LOCK.FLOOR n`, on a primary that has
+/// issued fences.
+pub fn record_floor(ctx: &Context) {
+    let floor = floor::get();
+    if floor > 0 && is_primary(ctx) {
+        ctx.replicate(FLOOR, &[floor.to_string().as_bytes()]);
+    }
+}
+
+/// Raises the fence floor for an applied effect.
+pub fn note_floor(effect: &Effect) {
+    floor::raise(effect.floor.max(effect.lock.fence));
+}

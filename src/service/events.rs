@@ -1,0 +1,77 @@
+//! What server events and keyspace notifications mean for locks. Nothing here writes: work that
+//! writes is deferred (see `deferred`).
+
+use redis_module::{Context, RedisString};
+
+use crate::host::events::{Listener, ServerEvent};
+use crate::host::server::selected_db;
+use crate::lock::sessions;
+use crate::service::deferred::{self, Job};
+use crate::service::{effects, expiry, leases, waiters};
+
+/// The module's listener.
+pub struct Events;
+
+/// Asks for the waiters of every key in `db` (all dbs for `None`) to be settled.
+fn settle_waiters_in(ctx: &Context, db: Option<i32>) {
+    if !waiters::anyone_waiting() {
+        return;
+    }
+    let keys = waiters::queues().keys_in(db);
+    for key in keys {
+        deferred::defer(ctx, Job::SettleKey(key));
+    }
+}
+
+impl Listener for Events {
+    fn server_event(ctx: &Context, event: ServerEvent) {
+        match event {
+            ServerEvent::LoadingEnded => expiry::rebuild(ctx),
+            ServerEvent::Flushed(db) => {
+                leases::forget_db(db);
+                settle_waiters_in(ctx, db);
+            }
+            ServerEvent::SwappedDbs(a, b) => {
+                leases::swap_dbs(a, b);
+                settle_waiters_in(ctx, Some(a));
+                if b != a {
+                    settle_waiters_in(ctx, Some(b));
+                }
+            }
+            // A child was just forked; when it rewrites the AOF, the parent's writes from now on
+            // go to the new incremental file, which will sit beside the rewritten base: record
+            // the fence floor there (a base without RDB preamble has nowhere to keep it).
+            ServerEvent::ForkChildBorn => effects::record_floor(ctx),
+            ServerEvent::ConfigChanged => deferred::defer(ctx, Job::CheckConfig),
+            ServerEvent::ClientDisconnected(client) => {
+                if sessions::owns_any(client) {
+                    deferred::defer(ctx, Job::SessionLost(client));
+                }
+            }
+        }
+    }
+
+    fn keyspace_event(ctx: &Context, event: &[u8], key: &RedisString) {
+        let name = key.as_slice();
+        if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
+            expiry::index_key(ctx, name);
+        }
+        // The key left (or another value took its name): its waiters may proceed.
+        if matches!(
+            event,
+            b"del"
+                | b"expired"
+                | b"evicted"
+                | b"rename_from"
+                | b"move_from"
+                | b"rename_to"
+                | b"move_to"
+                | b"copy_to"
+                | b"restore"
+        ) && waiters::anyone_waiting()
+            && waiters::queues().waiting_on(selected_db(ctx), name) > 0
+        {
+            deferred::defer(ctx, Job::SettleKey((selected_db(ctx), name.into())));
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! Active expiry of leases on the primary.
+//!
+//! The lease index (see `leases`) is kept in step with grants, renewals and releases, and its
+//! timer is armed for the earliest deadline. When it fires on a primary, [`on_due`] expires every
+//! overdue lock (announcing `lock.expired` and replicating the release), in slices of a couple of
+//! milliseconds so a mass expiry never stalls the event loop. Replicas keep the index too (they
+//! apply the same effects) but never expire anything themselves.
+//!
+//! Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE, loading) are indexed from
+//! keyspace events ([`index_key`]) and by a scan after loading ([`rebuild`]).
+
+use std::time::{Duration, Instant};
+
+use redis_module::Context;
+
+use crate::host::keys::scan_values;
+use crate::host::server::{is_loading, is_primary, key_string, now_ms, select_db, selected_db};
+use crate::service::change;
+use crate::service::leases;
+use crate::service::value::{Stored, LOCK_TYPE};
+
+/// How long one timer run may spend expiring locks before yielding to the event loop.
+const SLICE: Duration = Duration::from_millis(2);
+/// How often a replica (or a loading server) looks again.
+const IDLE_RECHECK_MS: u64 = 100;
+
+/// The timer's handler: expire what is due, then re-arm for the next deadline.
+pub fn on_due(ctx: &Context) {
+    let now = now_ms();
+    leases::fired();
+    if !is_primary(ctx) || is_loading(ctx) {
+        if !leases::is_empty() {
+            leases::arm_next(ctx, Some(now + IDLE_RECHECK_MS));
+        }
+        return;
+    }
+    let original_db = selected_db(ctx);
+    let started = Instant::now();
+    let mut more_due = false;
+    while let Some(due) = leases::pop_due(now) {
+        if select_db(ctx, due.db) {
+            change::expire_key(ctx, &key_string(ctx, &due.key), due.id, now);
+        }
+        if started.elapsed() >= SLICE {
+            more_due = true;
+            break;
+        }
+    }
+    select_db(ctx, original_db);
+    leases::arm_next(ctx, more_due.then_some(now));
+}
+
+/// Indexes the lock under `key` in the selected db, if it is held (keyspace events for keys
+/// that arrive without a grant: RENAME, MOVE, COPY, RESTORE).
+pub fn index_key(ctx: &Context, key: &[u8]) {
+    let name = key_string(ctx, key);
+    if let Some((id, deadline)) = change::lease_of(ctx, &name) {
+        leases::insert(ctx, deadline, selected_db(ctx), id, key);
+    }
+}
+
+/// Rebuilds the index from the keyspace (after loading).
+pub fn rebuild(ctx: &Context) {
+    let original_db = selected_db(ctx);
+    let mut found = Vec::new();
+    let mut db = 0;
+    while select_db(ctx, db) {
+        scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
+            if let Some(deadline) = stored.deadline() {
+                found.push((deadline, db, stored.id(), key.into()));
+            }
+        });
+        db += 1;
+    }
+    select_db(ctx, original_db);
+    leases::replace(ctx, found);
+}

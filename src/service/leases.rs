@@ -1,0 +1,113 @@
+//! The process' lease index and the one timer armed for its earliest deadline.
+//!
+//! Changes keep the index in step ([`reindex`]); when the timer fires it calls the due handler
+//! that [`set_due_handler`] installed at load (expiry, a layer above), which takes entries with
+//! [`pop_due`] and re-arms with [`arm_next`].
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use redis_module::Context;
+
+use crate::host::server::now_ms;
+use crate::host::timer::{self, TimerId};
+use crate::lock::lease_index::{Due, LeaseIndex};
+
+struct Leases {
+    index: LeaseIndex,
+    /// The armed timer and the time it fires.
+    armed: Option<(TimerId, u64)>,
+}
+
+static LEASES: Mutex<Leases> = Mutex::new(Leases {
+    index: LeaseIndex::new(),
+    armed: None,
+});
+
+static DUE_HANDLER: OnceLock<timer::Callback> = OnceLock::new();
+
+fn leases() -> MutexGuard<'static, Leases> {
+    LEASES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Installs what runs when the timer fires (once, at load).
+pub fn set_due_handler(handler: timer::Callback) {
+    let _ = DUE_HANDLER.set(handler);
+}
+
+/// Arms the timer to fire at `at` unless it already fires no later.
+fn arm(ctx: &Context, leases: &mut Leases, at: u64) {
+    if leases.armed.is_some_and(|(_, fires)| fires <= at) {
+        return;
+    }
+    let Some(handler) = DUE_HANDLER.get().copied() else {
+        return;
+    };
+    if let Some((id, _)) = leases.armed.take() {
+        timer::stop(ctx, id);
+    }
+    let delay = at.saturating_sub(now_ms());
+    if let Some(id) = timer::create(ctx, delay, handler) {
+        leases.armed = Some((id, at));
+    }
+}
+
+/// Moves the entry of lock `id` (under `key` in `db`) from deadline `old` to `new` and makes
+/// sure the timer fires in time.
+pub fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
+    let mut leases = leases();
+    leases.index.reindex(db, id, key, old, new);
+    if let Some(new) = new {
+        arm(ctx, &mut leases, new);
+    }
+}
+
+/// Adds an entry (a lock that arrived without a grant: RENAME, MOVE, COPY, RESTORE).
+pub fn insert(ctx: &Context, at: u64, db: i32, id: u64, key: &[u8]) {
+    let mut leases = leases();
+    leases.index.insert(at, db, id, key);
+    arm(ctx, &mut leases, at);
+}
+
+/// In the timer's handler: forgets the timer that just fired.
+pub fn fired() {
+    leases().armed = None;
+}
+
+/// Takes the earliest entry if it is due at `now`.
+pub fn pop_due(now: u64) -> Option<Due> {
+    leases().index.pop_due(now)
+}
+
+/// Arms the timer for `at`, or for the earliest entry when `at` is `None` (if there is one).
+pub fn arm_next(ctx: &Context, at: Option<u64>) {
+    let mut leases = leases();
+    if let Some(at) = at.or_else(|| leases.index.first_due()) {
+        arm(ctx, &mut leases, at);
+    }
+}
+
+/// True when no lease is indexed.
+pub fn is_empty() -> bool {
+    leases().index.is_empty()
+}
+
+/// Forgets the entries of one database, or all for `None` (FLUSHDB / FLUSHALL).
+pub fn forget_db(db: Option<i32>) {
+    leases().index.forget_db(db);
+}
+
+/// SWAPDB: the entries follow their data.
+pub fn swap_dbs(a: i32, b: i32) {
+    leases().index.swap_dbs(a, b);
+}
+
+/// Replaces the whole index (after loading) and arms the timer.
+pub fn replace(ctx: &Context, found: Vec<(u64, i32, u64, Box<[u8]>)>) {
+    let mut leases = leases();
+    leases.index.replace(found);
+    if let Some(first) = leases.index.first_due() {
+        arm(ctx, &mut leases, first);
+    }
+}

@@ -1,0 +1,219 @@
+//! The value behind a lock key (`TYPE key` answers `lockstate`): the lock, plus what the process
+//! keeps beside it (an id for the lease index, when the hold began). Its constructor, updates and
+//! Drop keep the `lock_keys` and `lock_held` gauges and the fence floor in step, whatever created
+//! or removed the value (a grant, RDB, RESTORE, COPY, DEL, FLUSHALL).
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis_module::key::{RedisKey, RedisKeyWritable};
+use redis_module::native_types::RedisType;
+use redis_module::KeyType;
+
+use crate::error::LockError;
+use crate::host;
+use crate::host::value::{Digest, Rdb, ValueType};
+use crate::lock::codec::{self, Sink, Source};
+use crate::lock::core::{Lock, MAX_FENCE};
+use crate::lock::event::Event;
+use crate::lock::floor;
+use crate::metrics;
+
+/// The internal command that restates a lock in the AOF and to replicas.
+pub const APPLY: &CStr = c"LOCK.APPLY";
+
+/// The next lock id.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The value behind a lock key.
+#[derive(Debug)]
+pub struct Stored {
+    lock: Lock,
+    /// Unique per value in this process: the lease index's handle on it (never persisted).
+    id: u64,
+    /// When the current holder got the lock (monotonic µs), for the hold-time histogram;
+    /// unknown for a holder that arrived by loading, RESTORE or COPY.
+    held_since: Option<u64>,
+}
+
+impl Stored {
+    pub fn new(lock: Lock) -> Self {
+        floor::raise(lock.fence);
+        metrics::KEYS.add(1);
+        if lock.holder.is_some() {
+            metrics::HELD.add(1);
+        }
+        Stored {
+            lock,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            held_since: None,
+        }
+    }
+
+    /// A value created by a grant, whose hold starts now.
+    pub fn granted(lock: Lock) -> Self {
+        let mut stored = Stored::new(lock);
+        if stored.lock.holder.is_some() {
+            stored.held_since = Some(metrics::monotonic_us());
+        }
+        stored
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn lock(&self) -> &Lock {
+        &self.lock
+    }
+
+    /// The lease deadline, if held.
+    pub fn deadline(&self) -> Option<u64> {
+        self.lock.holder.as_ref().map(|h| h.deadline)
+    }
+
+    /// Runs `change` on the lock and keeps the held gauge and the fence floor in step.
+    pub fn update<R>(&mut self, change: impl FnOnce(&mut Lock) -> R) -> R {
+        let was_held = self.lock.holder.is_some();
+        let result = change(&mut self.lock);
+        let is_held = self.lock.holder.is_some();
+        if was_held != is_held {
+            metrics::HELD.add(if is_held { 1 } else { -1 });
+            let now = metrics::monotonic_us();
+            if is_held {
+                self.held_since = Some(now);
+            } else if let Some(since) = self.held_since.take() {
+                metrics::HOLD.record(now.saturating_sub(since));
+            }
+        }
+        floor::raise(self.lock.fence);
+        result
+    }
+}
+
+impl Drop for Stored {
+    fn drop(&mut self) {
+        metrics::KEYS.add(-1);
+        if self.lock.holder.is_some() {
+            metrics::HELD.add(-1);
+        }
+    }
+}
+
+/// The type as Redis sees it. The name and encoding version are part of every RDB file that
+/// holds a lock: never change them.
+pub static LOCK_TYPE: RedisType = RedisType::new(
+    "lockstate",
+    codec::ENCODING_VERSION,
+    host::value::methods::<Stored>(),
+);
+
+impl Source for Rdb {
+    fn unsigned(&mut self) -> Option<u64> {
+        self.load_unsigned()
+    }
+    fn bytes(&mut self) -> Option<Vec<u8>> {
+        self.load_bytes()
+    }
+}
+
+impl Sink for Rdb {
+    fn unsigned(&mut self, value: u64) {
+        self.save_unsigned(value);
+    }
+    fn bytes(&mut self, value: &[u8]) {
+        self.save_bytes(value);
+    }
+}
+
+impl Sink for Digest {
+    fn unsigned(&mut self, value: u64) {
+        self.add_unsigned(value);
+    }
+    fn bytes(&mut self, value: &[u8]) {
+        self.add_bytes(value);
+    }
+}
+
+impl ValueType for Stored {
+    fn rdb_load(version: i32, rdb: &mut Rdb) -> Option<Self> {
+        match codec::load(version, rdb) {
+            Ok(lock) => Some(Stored::new(lock)),
+            Err(error) => {
+                host::log_warning(&format!(
+                    "lock module cannot load a lock: {}",
+                    error.describe()
+                ));
+                None
+            }
+        }
+    }
+
+    fn rdb_save(&self, rdb: &mut Rdb) {
+        codec::save(&self.lock, rdb);
+    }
+
+    fn aof_command(&self) -> (&'static CStr, Vec<Vec<u8>>) {
+        (APPLY, codec::effect_args(Event::Sync, &self.lock))
+    }
+
+    fn memory(&self) -> usize {
+        std::mem::size_of::<Stored>() + self.lock.heap_bytes()
+    }
+
+    fn digest(&self, digest: &mut Digest) {
+        codec::save(&self.lock, digest);
+        digest.end_sequence();
+    }
+
+    fn copy(&self) -> Self {
+        let mut lock = self.lock.clone();
+        // The session belongs to the connection that holds the original key.
+        if let Some(holder) = lock.holder.as_mut() {
+            holder.session = false;
+        }
+        Stored::new(lock)
+    }
+
+    fn aux_save(rdb: &mut Rdb) {
+        rdb.save_unsigned(floor::get());
+    }
+
+    fn aux_load(version: i32, rdb: &mut Rdb) -> bool {
+        if version > codec::AUX_VERSION {
+            host::log_warning(&format!(
+                "lock module cannot load fence floor of encoding version {version}"
+            ));
+            return false;
+        }
+        match rdb.load_unsigned() {
+            Some(value) => {
+                floor::raise(value.min(MAX_FENCE));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The lock stored in an open key: `None` when the key is empty, WRONGTYPE for other types.
+pub fn in_key_mut(key: &RedisKeyWritable) -> Result<Option<&mut Stored>, LockError> {
+    match key.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::Module => key
+            .get_value::<Stored>(&LOCK_TYPE)
+            .map_err(|_| LockError::WrongType),
+        _ => Err(LockError::WrongType),
+    }
+}
+
+/// The lock stored in a key opened for reading.
+pub fn in_key(key: &RedisKey) -> Result<Option<&Stored>, LockError> {
+    match key.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::Module => key
+            .get_value::<Stored>(&LOCK_TYPE)
+            .map_err(|_| LockError::WrongType),
+        _ => Err(LockError::WrongType),
+    }
+}

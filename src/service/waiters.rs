@@ -1,0 +1,84 @@
+//! The process' queues of waiting clients (see `lock::queues`), and waking them.
+//!
+//! Waiting clients are blocked with `RedisModule_BlockClientOnKeys`, so Redis keeps them in the
+//! same arrival order as the queue. When a lock becomes free the module signals its key as ready;
+//! right after the command (or timer) that freed it, Redis calls the reply callback of the key's
+//! blocked clients in order, and the head of the queue is granted the lock and answered in that
+//! same call (see `handoff`). Watchers are unblocked with the outcome recorded here. A waiter
+//! that times out, disconnects or is unblocked by `CLIENT UNBLOCK` leaves its queue before
+//! anything else can happen to it.
+//!
+//! All of this runs on the main thread; the mutex only satisfies `static`.
+
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use redis_module::{Context, RedisString};
+
+use crate::host::blocking::{self, BlockedClient};
+use crate::host::keys;
+use crate::host::server::selected_db;
+use crate::lock::core::Lock;
+use crate::lock::queues::{Queues, Tag, Waiter};
+use crate::lock::KeyRef;
+use crate::metrics;
+
+static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
+    LazyLock::new(|| Mutex::new(Queues::default()));
+
+/// The queues, locked for one operation.
+pub fn queues() -> MutexGuard<'static, Queues<BlockedClient>> {
+    QUEUES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// True when any client waits on any key (a check that needs no key).
+pub fn anyone_waiting() -> bool {
+    metrics::WAITERS.get() > 0
+}
+
+/// The key as the queues and the session table name it.
+pub fn key_ref(ctx: &Context, key: &RedisString) -> KeyRef {
+    (selected_db(ctx), key.as_slice().into())
+}
+
+/// True when acquirers are queued on `key` (cheap when nobody waits anywhere).
+pub fn queued(ctx: &Context, key: &RedisString) -> bool {
+    anyone_waiting() && queues().acquirers_on(selected_db(ctx), key.as_slice()) > 0
+}
+
+/// Number of clients waiting on `key` (acquirers and watchers).
+pub fn waiting_on(ctx: &Context, key: &RedisString) -> usize {
+    if !anyone_waiting() {
+        return 0;
+    }
+    queues().waiting_on(selected_db(ctx), key.as_slice())
+}
+
+/// Lets Redis serve the acquirers of `key` (after the current command or callback).
+pub fn signal_ready(ctx: &Context, key: &RedisString) {
+    keys::signal_ready(ctx, key);
+}
+
+/// Wakes the `LOCK.WAIT` watchers of `key` whose wait is over, given its lock now.
+pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
+    if !anyone_waiting() {
+        return;
+    }
+    let current = lock.live_holder(now).map(|_| lock.fence);
+    let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), current);
+    for watcher in woken {
+        wake(&watcher);
+    }
+}
+
+/// Unblocks a watcher already taken off its queue; its timeout callback answers 1.
+fn wake(watcher: &Waiter<BlockedClient>) {
+    queues().mark_woken(watcher.id);
+    blocking::unblock(watcher.handle);
+}
+
+/// Removes a waiter from its queue (timeout, disconnect, `CLIENT UNBLOCK`, freed).
+pub fn remove(tag: &Tag) -> Option<Waiter<BlockedClient>> {
+    queues().remove(tag)
+}
