@@ -154,13 +154,22 @@ CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \
 	echo; echo "== chaos ($(1) scale): per scenario"; cat $(CHAOS_REPORT_FILE) 2>/dev/null; \
 	exit $$status
 
-.PHONY: chaos chaos-ci valgrind
+.PHONY: chaos chaos-ci valgrind redis-suite
 
 chaos: debug ## Chaos suite at full scale (faults, fenced-store oracle, 1M+ fuzzed commands); prints counts
 	@$(call CHAOS_RUN,full,3000)
 
 chaos-ci: debug ## The reduced chaos suite that CI runs (about 3 minutes)
 	@$(call CHAOS_RUN,ci,300)
+
+# Redis 7.0.15's own test suite (external-server mode, about 5 minutes) against a redis-server
+# with the release module loaded: loading the module must change nothing in Redis' behaviour.
+# The suite and its runner live beside the checkout (REDIS_SUITE); it needs tclsh, which it
+# installs with apt-get when run as root. Fails on any failure beyond the stock server's.
+REDIS_SUITE ?= $(CURDIR)/../shared/redis-suite/run
+redis-suite: release ## Redis' own test suite against a server with the module loaded (0 failures)
+	@[ -x "$(REDIS_SUITE)" ] || { echo "redis-suite: $(REDIS_SUITE) not found (set REDIS_SUITE)"; exit 1; }
+	REDIS_SERVER="$$(command -v $(REDIS_SERVER))" "$(REDIS_SUITE)" "$(CURDIR)/$(RELEASE_MODULE)"
 
 # Integration tests with every redis-server under valgrind memcheck (.ci/valgrind/redis-server),
 # then a summary of the logs (.ci/valgrind/summary): definitely lost blocks and invalid reads and

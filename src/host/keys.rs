@@ -5,10 +5,19 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
 
+use redis_module::key::{KeyFlags, RedisKeyWritable};
 use redis_module::native_types::RedisType;
 use redis_module::{raw, Context, NotifyEvent, RedisString};
 
 use crate::host::guarded;
+
+/// Opens `key` only to look at its value, leaving no trace: its LRU/LFU is not touched, no
+/// keyspace hit or miss is counted (write mode does not count them on Redis 7.0; NOEFFECTS
+/// covers them on 7.2+, where it also keeps an expired key from being deleted by the lookup).
+/// Closing it does not count as a modification (the module sets NO_IMPLICIT_SIGNAL_MODIFIED).
+pub fn open_quietly(ctx: &Context, key: &RedisString) -> RedisKeyWritable {
+    ctx.open_key_writable_with_flags(key, KeyFlags::NOTOUCH | KeyFlags::NOEFFECTS)
+}
 
 /// Counts the key as modified: WATCH fails, client-side caches are invalidated.
 pub fn signal_modified(ctx: &Context, key: &RedisString) {

@@ -1,6 +1,8 @@
 //! The server around a call: the clock, the selected database, the calling client and the
 //! context's flags.
 
+use std::ffi::CStr;
+
 use redis_module::{raw, Context, ContextFlags, RedisString};
 
 use crate::host::OK;
@@ -72,17 +74,37 @@ pub fn key_string(ctx: &Context, key: &[u8]) -> RedisString {
     RedisString::create_from_slice(ctx.ctx, key)
 }
 
-/// The value of a server config, read with `CONFIG GET` through RM_Call.
-pub fn config_get(ctx: &Context, name: &str) -> Option<String> {
-    use redis_module::RedisValue;
-    match ctx.call("CONFIG", &["GET", name]).ok()? {
-        RedisValue::Array(items) => match items.get(1)? {
-            RedisValue::SimpleString(s) => Some(s.clone()),
-            RedisValue::BulkString(s) => Some(s.clone()),
-            RedisValue::StringBuffer(b) => Some(String::from_utf8_lossy(b).into_owned()),
-            RedisValue::BulkRedisString(s) => Some(s.to_string_lossy()),
-            _ => None,
-        },
-        _ => None,
+/// Whether the server persists anything: the AOF is on (or being turned on), or RDB save points
+/// are configured. Read from the context flags: no command runs, so nothing shows up in SLOWLOG,
+/// MONITOR or INFO commandstats.
+pub fn persistence(ctx: &Context) -> (bool, bool) {
+    let flags = ctx.get_flags();
+    (
+        flags.contains(ContextFlags::AOF),
+        flags.contains(ContextFlags::RDB),
+    )
+}
+
+/// One field of an INFO section, as the server would print it (read without running INFO).
+pub fn info_field(ctx: &Context, section: &CStr, field: &CStr) -> Option<String> {
+    // SAFETY: reading the API table Redis filled in at load.
+    let (get, field_of, free) = unsafe {
+        (
+            raw::RedisModule_GetServerInfo?,
+            raw::RedisModule_ServerInfoGetFieldC?,
+            raw::RedisModule_FreeServerInfo?,
+        )
+    };
+    // SAFETY: a valid context and NUL-terminated names; the field's text is copied before the
+    // info data is freed, and the data is freed exactly once.
+    unsafe {
+        let info = get(ctx.ctx, section.as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let value = field_of(info, field.as_ptr());
+        let text = (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned());
+        free(ctx.ctx, info);
+        text
     }
 }

@@ -4,6 +4,7 @@
 
 use redis_module::{Context, RedisString};
 
+use crate::host::keys;
 use crate::host::server::selected_db;
 use crate::lock::core::Lock;
 use crate::lock::event::Event;
@@ -68,10 +69,11 @@ pub fn expire_key(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
     }
 }
 
-/// The id and lease deadline of the lock under `key`, if it has a holder.
+/// The id and lease deadline of the lock under `key`, if it has a holder. Looks without
+/// touching the key (see `keys::open_quietly`): it runs for keys that may not be locks at all.
 pub fn lease_of(ctx: &Context, key_name: &RedisString) -> Option<(u64, u64)> {
-    let key = ctx.open_key(key_name);
-    let stored = in_key(&key).ok().flatten()?;
+    let key = keys::open_quietly(ctx, key_name);
+    let stored = in_key_mut(&key).ok().flatten()?;
     stored.deadline().map(|d| (stored.id(), d))
 }
 

@@ -6,6 +6,7 @@ use redis_module::{Context, RedisString};
 use crate::host::events::{Listener, ServerEvent};
 use crate::host::server::selected_db;
 use crate::lock::sessions;
+use crate::metrics;
 use crate::service::deferred::{self, Job};
 use crate::service::{effects, expiry, leases, waiters};
 
@@ -53,7 +54,11 @@ impl Listener for Events {
 
     fn keyspace_event(ctx: &Context, event: &[u8], key: &RedisString) {
         let name = key.as_slice();
-        if matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore") {
+        // A lock that arrived under this name without a grant needs its lease indexed; with no
+        // lock value anywhere there is nothing to look at (and other keys are left untouched).
+        if metrics::KEYS.get() > 0
+            && matches!(event, b"rename_to" | b"move_to" | b"copy_to" | b"restore")
+        {
             expiry::index_key(ctx, name);
         }
         // The key left (or another value took its name): its waiters may proceed.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis_module::Context;
 
 use crate::host;
-use crate::host::server::config_get;
+use crate::host::server::{info_field, persistence};
 
 /// `maxmemory-policy` is an `allkeys-*` policy: under memory pressure lock keys can vanish.
 static EVICTION_RISK: AtomicBool = AtomicBool::new(false);
@@ -27,14 +27,11 @@ pub fn policy_evicts_locks(policy: &str) -> bool {
     policy.starts_with("allkeys-")
 }
 
-/// True when neither the AOF nor any RDB save point is configured.
-pub fn persistence_is_off(appendonly: &str, save: &str) -> bool {
-    !appendonly.eq_ignore_ascii_case("yes") && save.trim().is_empty()
-}
-
 /// Reads the relevant settings, updates the flags and logs a warning for each newly found risk.
+/// Nothing here runs a command (no CONFIG GET through RM_Call): the module leaves no trace in
+/// SLOWLOG, MONITOR or INFO commandstats.
 pub fn check(ctx: &Context) {
-    if let Some(policy) = config_get(ctx, "maxmemory-policy") {
+    if let Some(policy) = info_field(ctx, c"memory", c"maxmemory_policy") {
         let risky = policy_evicts_locks(&policy);
         if risky && !EVICTION_RISK.swap(true, Ordering::Relaxed) {
             host::log_warning(&format!(
@@ -44,17 +41,15 @@ pub fn check(ctx: &Context) {
         }
         EVICTION_RISK.store(risky, Ordering::Relaxed);
     }
-    if let (Some(appendonly), Some(save)) = (config_get(ctx, "appendonly"), config_get(ctx, "save"))
-    {
-        let off = persistence_is_off(&appendonly, &save);
-        if off && !NO_PERSISTENCE.swap(true, Ordering::Relaxed) {
-            host::log_warning(
-                "lock module: persistence is off (appendonly no, no save points): a restart \
-                 loses every lock; set appendonly yes",
-            );
-        }
-        NO_PERSISTENCE.store(off, Ordering::Relaxed);
+    let (aof, save_points) = persistence(ctx);
+    let off = !aof && !save_points;
+    if off && !NO_PERSISTENCE.swap(true, Ordering::Relaxed) {
+        host::log_warning(
+            "lock module: persistence is off (appendonly no, no save points): a restart \
+             loses every lock; set appendonly yes",
+        );
     }
+    NO_PERSISTENCE.store(off, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -74,12 +69,5 @@ mod tests {
         ] {
             assert!(!policy_evicts_locks(policy));
         }
-    }
-
-    #[test]
-    fn persistence_is_off_only_without_aof_and_save_points() {
-        assert!(persistence_is_off("no", ""));
-        assert!(!persistence_is_off("yes", ""));
-        assert!(!persistence_is_off("no", "3600 1"));
     }
 }
