@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -193,4 +193,44 @@ fn binary_keys_with_nul_bytes_expire_too() {
     assert_eq!(server.info_int("lock_held"), 0);
     let info = c.call(&[&b"LOCK.INFO"[..], key]);
     assert_eq!(info.items()[1], Reply::status("free"));
+}
+
+/// CPU time (user + system, in clock ticks of 10 ms) the process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
+    // Fields after the command name (which ends with ')'): utime and stime are the 12th and 13th.
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// A deadline so far ahead that a timer armed for it would overflow Redis' arithmetic
+/// (`period * 1000` microseconds): the expiry timer is armed for at most a day and re-armed, so
+/// the server stays idle instead of firing its timer in a loop.
+#[test]
+fn a_deadline_too_far_for_redis_timers_leaves_the_server_idle() {
+    // The payload format is learnt on another server: no grant may arm this server's expiry
+    // timer before the far deadlines do.
+    let format = LockDumpFormat::learn(&mut Server::start().conn());
+    let server = Server::start();
+    let mut c = server.conn();
+    let fence = now_ms() << 11;
+    let payload = format.payload(&held_fields(fence, b"token", u64::MAX, 1, 0));
+    assert_eq!(restore(&mut c, "far", &payload), Reply::status("OK"));
+    assert_eq!(state_of(&mut c, "far"), "held");
+    // One second of the server's CPU time, measured over a window of wall-clock time.
+    let before = cpu_ticks(server.pid());
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu_ticks(server.pid()) - before;
+    let elapsed_ticks = started.elapsed().as_millis() as u64 / 10;
+    assert!(
+        used * 4 < elapsed_ticks,
+        "the server used {used} of {elapsed_ticks} ticks of CPU while idle"
+    );
+    assert_eq!(state_of(&mut c, "far"), "held");
+    // The timer still serves ordinary leases.
+    acquire(&mut c, "near", "token", 100);
+    wait_until_expired(&server, 1);
+    assert_eq!(state_of(&mut c, "far"), "held");
 }

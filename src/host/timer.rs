@@ -11,10 +11,15 @@ pub type TimerId = raw::RedisModuleTimerID;
 /// What a timer calls when it fires.
 pub type Callback = fn(&Context);
 
-/// Arms a timer that calls `callback` after `delay_ms`; its id, or `None` when the server has no
-/// timers.
+/// The longest delay a timer is armed with: one day. Redis turns the delay into microseconds
+/// from now without overflow checks, so a delay near `i64::MAX` ms would wrap and fire at once,
+/// again and again; a caller that wants a later time re-arms when the timer fires.
+pub const MAX_DELAY_MS: u64 = 86_400_000;
+
+/// Arms a timer that calls `callback` after `delay_ms`, or after [`MAX_DELAY_MS`] if that is
+/// sooner; its id, or `None` when the server has no timers.
 pub fn create(ctx: &Context, delay_ms: u64, callback: Callback) -> Option<TimerId> {
-    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    let delay = i64::try_from(delay_ms.min(MAX_DELAY_MS)).unwrap_or(0);
     // The callback travels as the timer's data: a function pointer fits in a data pointer on
     // every platform Redis runs on.
     let data = callback as *mut c_void;
