@@ -134,8 +134,8 @@ extern "C" fn rdb_load<V: ValueType>(rdb: *mut raw::RedisModuleIO, encver: c_int
 }
 
 extern "C" fn rdb_save<V: ValueType>(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
-    // SAFETY: Redis passes a value of this type.
     guarded((), || {
+        // SAFETY: Redis passes a value of this type.
         unsafe { value_ref::<V>(value) }.rdb_save(&mut Rdb(rdb))
     });
 }
@@ -177,8 +177,8 @@ extern "C" fn mem_usage<V: ValueType>(value: *const c_void) -> usize {
 }
 
 extern "C" fn digest<V: ValueType>(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
-    // SAFETY: Redis passes a value of this type.
     guarded((), || {
+        // SAFETY: Redis passes a value of this type.
         unsafe { value_ref::<V>(value) }.digest(&mut Digest(md))
     });
 }
@@ -195,8 +195,8 @@ extern "C" fn copy<V: ValueType>(
     _to: *mut raw::RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    // SAFETY: Redis passes a value of this type.
     guarded(ptr::null_mut(), || {
+        // SAFETY: Redis passes a value of this type.
         boxed(unsafe { value_ref::<V>(value) }.copy())
     })
 }

@@ -343,7 +343,7 @@ fn floor_cmd(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let value = parse_integer(value)
         .and_then(|f| u64::try_from(f).ok())
         .ok_or(LockError::BadEffect("floor"))?;
-    floor::raise(value);
+    floor::raise(value, now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }

@@ -8,7 +8,7 @@
 use redis_module::{Context, RedisString};
 
 use crate::host::keys;
-use crate::host::server::{is_primary, selected_db};
+use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::lock::codec::{Effect, State};
 use crate::lock::event::Event;
 use crate::lock::floor;
@@ -72,5 +72,5 @@ pub fn record_floor(ctx: &Context) {
 
 /// Raises the fence floor for an applied effect.
 pub fn note_floor(effect: &Effect) {
-    floor::raise(effect.floor.max(effect.lock.fence));
+    floor::raise(effect.floor.max(effect.lock.fence), now_ms());
 }

@@ -12,9 +12,10 @@ use redis_module::KeyType;
 
 use crate::error::LockError;
 use crate::host;
+use crate::host::server::now_ms;
 use crate::host::value::{Digest, Rdb, ValueType};
 use crate::lock::codec::{self, Sink, Source};
-use crate::lock::core::{Lock, MAX_FENCE};
+use crate::lock::core::Lock;
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::metrics;
@@ -38,7 +39,7 @@ pub struct Stored {
 
 impl Stored {
     pub fn new(lock: Lock) -> Self {
-        floor::raise(lock.fence);
+        floor::raise(lock.fence, now_ms());
         metrics::KEYS.add(1);
         if lock.holder.is_some() {
             metrics::HELD.add(1);
@@ -86,7 +87,7 @@ impl Stored {
                 metrics::HOLD.record(now.saturating_sub(since));
             }
         }
-        floor::raise(self.lock.fence);
+        floor::raise(self.lock.fence, now_ms());
         result
     }
 }
@@ -138,6 +139,26 @@ impl Sink for Digest {
 impl ValueType for Stored {
     fn rdb_load(version: i32, rdb: &mut Rdb) -> Option<Self> {
         match codec::load(version, rdb) {
+            Ok(lock) if !floor::is_plausible(lock.fence, now_ms()) => {
+                let limit = floor::plausible_limit(now_ms());
+                if rdb.is_dataset_load() {
+                    // Refusing would stop the whole load: keep the lock (its own fences go on
+                    // from its fence), but leave the floor, shared by every key, as it is.
+                    host::log_warning(&format!(
+                        "lock module: a loaded lock has fence {}, more than a year ahead of \
+                         the clock (at most {limit} is believed); other keys' fences ignore it",
+                        lock.fence
+                    ));
+                    Some(Stored::new(lock))
+                } else {
+                    host::log_warning(&format!(
+                        "lock module refused a RESTOREd lock: its fence {} is more than a year \
+                         ahead of the clock (at most {limit} is believed)",
+                        lock.fence
+                    ));
+                    None
+                }
+            }
             Ok(lock) => Some(Stored::new(lock)),
             Err(error) => {
                 host::log_warning(&format!(
@@ -188,7 +209,13 @@ impl ValueType for Stored {
         }
         match rdb.load_unsigned() {
             Some(value) => {
-                floor::raise(value.min(MAX_FENCE));
+                if !floor::is_plausible(value, now_ms()) {
+                    host::log_warning(&format!(
+                        "lock module: ignoring a saved fence floor of {value}, more than a year \
+                         ahead of the clock"
+                    ));
+                }
+                floor::raise(value, now_ms());
                 true
             }
             None => false,
