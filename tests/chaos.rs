@@ -26,7 +26,6 @@ use common::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::sync::{mpsc, Mutex};
@@ -497,12 +496,7 @@ impl Drop for StopOnDrop<'_> {
 /// One command; an error when the connection broke or sent something unreadable.
 fn call<A: AsRef<[u8]>>(conn: &mut Conn, args: &[A]) -> std::io::Result<Reply> {
     conn.try_send(args)?;
-    catch_unwind(AssertUnwindSafe(|| conn.try_read())).unwrap_or_else(|_| {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "unreadable reply",
-        ))
-    })
+    conn.try_read()
 }
 
 fn client_loop(id: usize, sh: &Shared) {
@@ -1496,101 +1490,6 @@ fn fuzz_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
     }
 }
 
-/// What the fuzzer needs of a reply. Error and status lines may hold any bytes (an error quotes
-/// the arguments it refuses), which the harness' UTF-8 reader does not take.
-#[derive(Debug)]
-enum Raw {
-    Int(i64),
-    Nil,
-    Error(Vec<u8>),
-    Bulk(Vec<u8>),
-    Other,
-}
-
-/// A byte-exact RESP2/RESP3 reader for the fuzzer's pipelines.
-struct RawConn {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl RawConn {
-    fn connect(port: u16) -> RawConn {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .expect("timeout");
-        let writer = stream.try_clone().expect("clone");
-        RawConn {
-            reader: BufReader::new(stream),
-            writer,
-        }
-    }
-
-    fn send(&mut self, args: &[Vec<u8>]) -> std::io::Result<()> {
-        let mut out = format!("*{}\r\n", args.len()).into_bytes();
-        for arg in args {
-            out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-            out.extend_from_slice(arg);
-            out.extend_from_slice(b"\r\n");
-        }
-        self.writer.write_all(&out)
-    }
-
-    fn read(&mut self) -> std::io::Result<Raw> {
-        let bad =
-            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-        let mut line = Vec::new();
-        if self.reader.read_until(b'\n', &mut line)? == 0 {
-            return Err(bad("connection closed"));
-        }
-        if !line.ends_with(b"\r\n") {
-            return Err(bad("truncated line"));
-        }
-        line.truncate(line.len() - 2);
-        let (kind, rest) = line.split_first().ok_or_else(|| bad("empty line"))?;
-        let number = || -> std::io::Result<i64> {
-            std::str::from_utf8(rest)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| bad("bad number"))
-        };
-        Ok(match kind {
-            b':' => Raw::Int(number()?),
-            b'-' => Raw::Error(rest.to_vec()),
-            b'_' => Raw::Nil,
-            b'+' | b'#' | b',' | b'(' => Raw::Other,
-            b'$' | b'=' | b'!' => {
-                let len = number()?;
-                if len < 0 {
-                    Raw::Nil
-                } else {
-                    let mut buf = vec![0; len as usize + 2];
-                    std::io::Read::read_exact(&mut self.reader, &mut buf)?;
-                    buf.truncate(len as usize);
-                    Raw::Bulk(buf)
-                }
-            }
-            b'*' | b'~' | b'>' | b'%' | b'|' => {
-                let len = number()?;
-                if len < 0 {
-                    Raw::Nil
-                } else {
-                    let items = if matches!(kind, b'%' | b'|') {
-                        2 * len
-                    } else {
-                        len
-                    };
-                    for _ in 0..items {
-                        self.read()?;
-                    }
-                    Raw::Other
-                }
-            }
-            _ => return Err(bad("unknown RESP type")),
-        })
-    }
-}
-
 #[derive(Default, Debug)]
 struct FuzzStats {
     commands: u64,
@@ -1602,18 +1501,19 @@ struct FuzzStats {
 }
 
 impl FuzzStats {
-    fn count(&mut self, reply: &Raw) {
+    fn count(&mut self, reply: &Reply) {
+        if let Some(e) = reply.error_bytes() {
+            let kind = e.split(|b| *b == b' ').next().unwrap_or(b"");
+            *self
+                .errors
+                .entry(String::from_utf8_lossy(kind).into_owned())
+                .or_default() += 1;
+            return;
+        }
         match reply {
-            Raw::Int(_) => self.ints += 1,
-            Raw::Nil => self.nils += 1,
-            Raw::Error(e) => {
-                let kind = e.split(|b| *b == b' ').next().unwrap_or(b"");
-                *self
-                    .errors
-                    .entry(String::from_utf8_lossy(kind).into_owned())
-                    .or_default() += 1;
-            }
-            Raw::Bulk(_) | Raw::Other => self.other += 1,
+            Reply::Int(_) => self.ints += 1,
+            Reply::Nil => self.nils += 1,
+            _ => self.other += 1,
         }
     }
 }
@@ -1621,11 +1521,10 @@ impl FuzzStats {
 /// Sends `count` fuzzed commands in pipelined batches; panics when the server goes away.
 fn fuzz_commands(server: &Server, seed: u64, count: u64, resp3: bool) -> FuzzStats {
     let mut rng = Rng(seed);
-    let mut conn = RawConn::connect(server.port);
+    let mut conn = Conn::connect(server.port, Duration::from_secs(30)).expect("connect");
     if resp3 {
-        conn.send(&[b"HELLO".to_vec(), b"3".to_vec()])
-            .expect("HELLO");
-        conn.read().expect("HELLO reply");
+        conn.try_send(&["HELLO", "3"]).expect("HELLO");
+        conn.try_read().expect("HELLO reply");
     }
     let mut stats = FuzzStats::default();
     let mut fences: Vec<i64> = Vec::new();
@@ -1659,12 +1558,12 @@ fn fuzz_commands(server: &Server, seed: u64, count: u64, resp3: bool) -> FuzzSta
                 .collect();
         }
         for cmd in &batch {
-            conn.send(cmd).unwrap_or_else(|e| {
+            conn.try_send(cmd).unwrap_or_else(|e| {
                 panic!("server gone while sending (seed {seed:#x}, after {sent}): {e}")
             });
         }
         for cmd in &batch {
-            let reply = conn.read().unwrap_or_else(|e| {
+            let reply = conn.try_read().unwrap_or_else(|e| {
                 let show = |cmd: &Vec<Vec<u8>>| -> Vec<String> {
                     cmd.iter()
                         .map(|a| String::from_utf8_lossy(a).chars().take(40).collect())
@@ -1689,7 +1588,7 @@ fn fuzz_commands(server: &Server, seed: u64, count: u64, resp3: bool) -> FuzzSta
             });
             if cmd[0] == b"ECHO" {
                 assert!(
-                    matches!(&reply, Raw::Bulk(b) if *b == cmd[1]),
+                    matches!(&reply, Reply::Bulk(b) if *b == cmd[1]),
                     "out of step at {}: {reply:?}; batch: {:?}",
                     String::from_utf8_lossy(&cmd[1]),
                     batch
@@ -1705,7 +1604,7 @@ fn fuzz_commands(server: &Server, seed: u64, count: u64, resp3: bool) -> FuzzSta
                 );
                 continue;
             }
-            if let Raw::Int(f) = reply {
+            if let Reply::Int(f) = reply {
                 if cmd[0].eq_ignore_ascii_case(b"LOCK.ACQUIRE") && f > 1 {
                     fences.push(f);
                     if fences.len() > 16 {
