@@ -140,11 +140,11 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	@bench/chart.sh
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
-# The chaos suite (tests/chaos.rs): many clients, a fenced store as oracle, and kill -9, restarts,
+# The chaos suite (tests/chaos/): many clients, a fenced store as oracle, and kill -9, restarts,
 # pauses, DEBUG RELOAD, BGREWRITEAOF and failovers under load, plus the command and RESTORE
 # fuzzer; then the model-based property tests of the lock core with more walks. Each scenario
 # prints its grants, accepted and rejected writes and invariant violations; the summary is
-# printed again at the end (from CHAOS_REPORT_FILE). `make test` runs the same file at a quick
+# printed again at the end (from CHAOS_REPORT_FILE). `make test` runs the same suite at a quick
 # scale; chaos-ci is the reduced run CI does (a few minutes on 2 cores).
 CHAOS_REPORT_FILE := $(CURDIR)/target/chaos-report.txt
 CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \

@@ -1,0 +1,207 @@
+//! What the clients saw: their grants and probes, and the invariant checks over them.
+
+use crate::oracle::WriteRecord;
+use crate::SLACK;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub key: String,
+    pub fence: u64,
+    /// When the ACQUIRE was sent and when its reply arrived.
+    pub start: Instant,
+    pub end: Instant,
+    /// Until when the lease was certainly running on the server: request time + ttl, moved by
+    /// successful renewals, cut to the moment a release was sent.
+    pub live_until: Instant,
+}
+
+#[derive(Default)]
+pub struct History {
+    pub grants: Mutex<Vec<Grant>>,
+    /// Grants a `WAIT 1` did not confirm: the client did not act on them.
+    pub unconfirmed: AtomicU64,
+    pub contended: AtomicU64,
+    /// Release/renew with a wrong or certainly stale token.
+    pub i5_attempts: AtomicU64,
+    pub i5_violations: AtomicU64,
+    pub i4_checks: AtomicU64,
+    pub i4_violations: AtomicU64,
+    pub faults: AtomicU64,
+    pub errors: Mutex<BTreeMap<String, u64>>,
+    pub notes: Mutex<Vec<String>>,
+}
+
+impl History {
+    pub fn add_grant(&self, grant: Grant) -> usize {
+        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        grants.push(grant);
+        grants.len() - 1
+    }
+
+    pub fn update(&self, idx: usize, f: impl FnOnce(&mut Grant)) {
+        let mut grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut grants[idx]);
+    }
+
+    pub fn error(&self, text: &str) {
+        let kind: String = text
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(kind)
+            .or_default() += 1;
+    }
+
+    pub fn note(&self, text: String) {
+        self.notes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(text);
+    }
+
+    pub fn i5(&self, succeeded: bool) {
+        self.i5_attempts.fetch_add(1, Relaxed);
+        if succeeded {
+            self.i5_violations.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The largest fence granted so far, per key.
+    pub fn max_fences(&self) -> HashMap<String, u64> {
+        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+        let mut max: HashMap<String, u64> = HashMap::new();
+        for g in grants.iter() {
+            let m = max.entry(g.key.clone()).or_default();
+            *m = (*m).max(g.fence);
+        }
+        max
+    }
+
+    /// I4: the fences a server shows after a fault against the largest granted before it.
+    pub fn check_i4(
+        &self,
+        before: &HashMap<String, u64>,
+        after: &HashMap<String, u64>,
+        what: &str,
+    ) {
+        for (key, &was) in before {
+            self.i4_checks.fetch_add(1, Relaxed);
+            let now = after.get(key).copied().unwrap_or(0);
+            if now < was {
+                self.i4_violations.fetch_add(1, Relaxed);
+                self.note(format!(
+                    "I4 after {what}: {key} shows fence {now}, below the granted {was} (-{})",
+                    was - now
+                ));
+            }
+        }
+    }
+}
+
+/// I2: distinct fences per key, and grants ordered in real time have ordered fences.
+pub fn check_i2(grants: &[Grant]) -> (u64, Vec<String>) {
+    let mut violations = 0;
+    let mut examples = Vec::new();
+    for (key, list) in by_key(grants) {
+        let mut seen = HashSet::new();
+        for g in &list {
+            if !seen.insert(g.fence) {
+                violations += 1;
+                examples.push(format!("I2: {key} fence {} granted twice", g.fence));
+            }
+        }
+        let mut by_end = list.clone();
+        by_end.sort_by_key(|g| g.end);
+        let mut by_start = list;
+        by_start.sort_by_key(|g| g.start);
+        let mut i = 0;
+        let mut max_before = 0u64;
+        for b in &by_start {
+            while i < by_end.len() && by_end[i].end < b.start {
+                max_before = max_before.max(by_end[i].fence);
+                i += 1;
+            }
+            if max_before >= b.fence {
+                violations += 1;
+                if examples.len() < 5 {
+                    examples.push(format!(
+                        "I2: {key} granted fence {} after an earlier grant of fence {max_before}",
+                        b.fence
+                    ));
+                }
+            }
+        }
+    }
+    (violations, examples)
+}
+
+/// I3: no grant while another grant's lease was certainly running.
+pub fn check_i3(grants: &[Grant]) -> (u64, Vec<String>) {
+    let mut violations = 0;
+    let mut examples = Vec::new();
+    for (key, list) in by_key(grants) {
+        let mut by_end = list.clone();
+        by_end.sort_by_key(|g| g.end);
+        let mut by_start = list;
+        by_start.sort_by_key(|g| g.start);
+        let mut i = 0;
+        let mut live: Option<Grant> = None;
+        for b in &by_start {
+            while i < by_end.len() && by_end[i].end <= b.start {
+                if live
+                    .as_ref()
+                    .is_none_or(|l| l.live_until < by_end[i].live_until)
+                {
+                    live = Some(by_end[i].clone());
+                }
+                i += 1;
+            }
+            if let Some(a) = &live {
+                if a.live_until > b.end + SLACK {
+                    violations += 1;
+                    if examples.len() < 5 {
+                        examples.push(format!(
+                            "I3: {key} granted fence {} while fence {} had {} ms of lease left",
+                            b.fence,
+                            a.fence,
+                            (a.live_until - b.end).as_millis()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    (violations, examples)
+}
+
+fn by_key(grants: &[Grant]) -> BTreeMap<String, Vec<Grant>> {
+    let mut map: BTreeMap<String, Vec<Grant>> = BTreeMap::new();
+    for g in grants {
+        map.entry(g.key.clone()).or_default().push(g.clone());
+    }
+    map
+}
+
+/// I1: the store's accepted fences never go down, per resource.
+pub fn check_i1(log: &[WriteRecord]) -> u64 {
+    let mut max: HashMap<&str, u64> = HashMap::new();
+    let mut violations = 0;
+    for w in log.iter().filter(|w| w.accepted) {
+        let m = max.entry(&w.resource).or_default();
+        if w.fence < *m {
+            violations += 1;
+        }
+        *m = (*m).max(w.fence);
+    }
+    violations
+}

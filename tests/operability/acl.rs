@@ -1,0 +1,194 @@
+//! ACL with real users: key patterns, read-only keys, `-@dangerous` and the `lock` category.
+
+use crate::common::*;
+use crate::{assert_counts, command_table, error_text, texts, COMMANDS};
+
+use std::collections::BTreeSet;
+
+fn set_user(server: &Server, name: &str, rules: &[&str]) {
+    let mut call = vec!["ACL", "SETUSER", name, "reset", "on", ">pw"];
+    call.extend_from_slice(rules);
+    assert_eq!(
+        server.conn().call(&call),
+        Reply::status("OK"),
+        "{name} {rules:?}"
+    );
+}
+
+fn login(server: &Server, name: &str) -> Conn {
+    let mut conn = server.conn();
+    assert_eq!(conn.call(&["AUTH", name, "pw"]), Reply::status("OK"));
+    conn
+}
+
+fn assert_noperm(reply: Reply, what: &str) {
+    assert!(
+        error_text(&reply).starts_with("NOPERM "),
+        "{what}: {reply:?}"
+    );
+}
+
+#[test]
+fn acl_key_patterns_limit_lock_commands_to_matching_keys() {
+    let server = Server::start();
+    set_user(&server, "app", &["~app:*", "+@all"]);
+    let mut u = login(&server, "app");
+    let fence = acquire(&mut u, "app:x", "t", 60_000);
+    assert_eq!(lock_field(&mut u, "app:x", "state").text(), "held");
+    assert_eq!(
+        u.call(&["LOCK.FENCE", "app:x", &fence.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(
+        u.call(&["LOCK.RENEW", "app:x", "t", "60000"]),
+        Reply::Int(1)
+    );
+    assert_eq!(u.call(&["LOCK.RELEASE", "app:x", "t"]), Reply::Int(1));
+    assert_eq!(u.call(&["LOCK.WAIT", "app:x", "100"]), Reply::Int(1));
+
+    let denied: [&[&str]; 7] = [
+        &["LOCK.ACQUIRE", "other:x", "t", "60000"],
+        &["LOCK.RELEASE", "other:x", "t"],
+        &["LOCK.RENEW", "other:x", "t", "60000"],
+        &["LOCK.FENCE", "other:x", "1"],
+        &["LOCK.WAIT", "other:x", "100"],
+        &["LOCK.INFO", "other:x"],
+        &["LOCK.FORCERELEASE", "other:x"],
+    ];
+    for call in denied {
+        assert_noperm(u.call(call), call[0]);
+    }
+    assert_eq!(server.conn().call(&["EXISTS", "other:x"]), Reply::Int(0));
+    assert_counts(
+        &server,
+        &[
+            ("lock_acquired", 1),
+            ("lock_renewed", 1),
+            ("lock_released", 1),
+            ("lock_fence_checks", 1),
+            ("lock_keys", 1),
+        ],
+    );
+}
+
+#[test]
+fn acl_read_only_key_permission_allows_info_and_fence_only() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    let fence = acquire(&mut admin, "app:x", "t", 60_000);
+    set_user(&server, "reader", &["%R~app:*", "+@all"]);
+    let mut u = login(&server, "reader");
+    assert_eq!(lock_field(&mut u, "app:x", "state").text(), "held");
+    assert_eq!(
+        u.call(&["LOCK.FENCE", "app:x", &fence.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(u.call(&["LOCK.WAIT", "app:none", "100"]), Reply::Int(1));
+    let denied: [&[&str]; 4] = [
+        &["LOCK.ACQUIRE", "app:x", "t", "60000"],
+        &["LOCK.RELEASE", "app:x", "t"],
+        &["LOCK.RENEW", "app:x", "t", "60000"],
+        &["LOCK.FORCERELEASE", "app:x"],
+    ];
+    for call in denied {
+        assert_noperm(u.call(call), call[0]);
+    }
+    assert_noperm(u.call(&["LOCK.INFO", "other:x"]), "LOCK.INFO other:x");
+    assert_eq!(lock_field(&mut admin, "app:x", "holds"), Reply::Int(1));
+    assert_eq!(fence_of(&mut admin, "app:x"), fence);
+}
+
+/// The LOCK.* commands other than FORCERELEASE all work for `u` on key `k`.
+fn assert_everyday_commands_allowed(u: &mut Conn, k: &str) {
+    let fence = acquire(u, k, "t", 60_000);
+    assert_eq!(u.call(&["LOCK.RENEW", k, "t", "60000"]), Reply::Int(1));
+    assert_eq!(
+        u.call(&["LOCK.FENCE", k, &fence.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(lock_field(u, k, "state").text(), "held");
+    assert_eq!(u.call(&["LOCK.RELEASE", k, "t"]), Reply::Int(1));
+    assert_eq!(u.call(&["LOCK.WAIT", k, "100"]), Reply::Int(1));
+}
+
+#[test]
+fn acl_minus_dangerous_denies_forcerelease_from_redis_7_2() {
+    let server = Server::start();
+    let version = server.version();
+    let mut admin = server.conn();
+    acquire(&mut admin, "held", "owner", 60_000);
+    set_user(&server, "app", &["~*", "&*", "+@all", "-@dangerous"]);
+    let mut u = login(&server, "app");
+    assert_everyday_commands_allowed(&mut u, "mine");
+    let reply = u.call(&["LOCK.FORCERELEASE", "held"]);
+    if version >= (7, 2, 0) {
+        assert_eq!(
+            reply,
+            Reply::error(
+                "NOPERM User app has no permissions to run the 'lock.forcerelease' command"
+            )
+        );
+        assert_eq!(state_of(&mut admin, "held"), "held");
+    } else {
+        // Redis 7.0 cannot put module commands in categories: the README names the command
+        // instead (see the next test).
+        assert_eq!(reply, Reply::Int(1), "on {version:?}");
+    }
+}
+
+#[test]
+fn acl_documented_recipe_denies_forcerelease_on_every_version() {
+    let server = Server::start();
+    let mut admin = server.conn();
+    acquire(&mut admin, "held", "owner", 60_000);
+    set_user(
+        &server,
+        "app",
+        &["~*", "&*", "+@all", "-@dangerous", "-lock.forcerelease"],
+    );
+    let mut u = login(&server, "app");
+    assert_everyday_commands_allowed(&mut u, "mine");
+    assert_noperm(u.call(&["LOCK.FORCERELEASE", "held"]), "LOCK.FORCERELEASE");
+    assert_eq!(state_of(&mut admin, "held"), "held");
+    assert_eq!(admin.call(&["LOCK.FORCERELEASE", "held"]), Reply::Int(1));
+}
+
+#[test]
+fn acl_lock_category_lists_and_covers_lock_commands_from_redis_7_4() {
+    let server = Server::start();
+    let version = server.version();
+    let mut admin = server.conn();
+    let cat = admin.call(&["ACL", "CAT", "lock"]);
+    if version < (7, 4, 0) {
+        assert_eq!(cat, Reply::error("ERR Unknown category 'lock'"));
+        let reply = admin.call(&["ACL", "SETUSER", "u", "-@lock"]);
+        assert!(error_text(&reply).starts_with("ERR "), "{reply:?}");
+        return;
+    }
+    let listed: BTreeSet<String> = texts(&cat).into_iter().collect();
+    for name in COMMANDS {
+        assert!(listed.contains(name), "{name} missing from {listed:?}");
+    }
+    assert!(listed.iter().all(|n| n.starts_with("lock.")), "{listed:?}");
+
+    acquire(&mut admin, "held", "owner", 60_000);
+    set_user(&server, "nolock", &["~*", "&*", "+@all", "-@lock"]);
+    let mut u = login(&server, "nolock");
+    for (name, _, sample) in command_table() {
+        let mut call = vec![name];
+        call.extend_from_slice(sample);
+        assert_eq!(
+            u.call(&call),
+            Reply::Error(format!(
+                "NOPERM User nolock has no permissions to run the '{name}' command"
+            ))
+        );
+    }
+    assert_eq!(u.call(&["SET", "plain", "1"]), Reply::status("OK"));
+
+    set_user(&server, "onlylock", &["~*", "-@all", "+@lock"]);
+    let mut u = login(&server, "onlylock");
+    assert_everyday_commands_allowed(&mut u, "mine");
+    assert_noperm(u.call(&["GET", "plain"]), "GET");
+    assert_eq!(state_of(&mut admin, "held"), "held");
+}

@@ -1,0 +1,117 @@
+//! COMMAND DOCS / INFO / GETKEYS for every lock command.
+
+use crate::common::*;
+use crate::{command_table, fields_of, texts};
+
+use std::collections::BTreeMap;
+
+#[test]
+fn command_docs_describe_every_lock_command() {
+    let server = Server::start();
+    let mut c = server.conn();
+    for (name, arg_names, _) in command_table() {
+        let reply = c.call(&["COMMAND", "DOCS", name]);
+        let items = reply.items();
+        assert_eq!(items.len(), 2, "{name}: {reply:?}");
+        assert_eq!(items[0].text(), name);
+        let doc = fields_of(&items[1]);
+        assert!(!doc["summary"].text().is_empty(), "{name}");
+        assert_eq!(doc["since"].text(), "0.1.0", "{name}");
+        assert_eq!(doc["group"].text(), "module", "{name}");
+        assert_eq!(doc["module"].text(), "lock", "{name}");
+        assert_eq!(doc["complexity"].text(), "O(1)", "{name}");
+        let args: Vec<BTreeMap<String, Reply>> =
+            doc["arguments"].items().iter().map(fields_of).collect();
+        let names: Vec<String> = args.iter().map(|a| a["name"].text()).collect();
+        assert_eq!(names, arg_names, "{name}");
+        assert_eq!(args[0]["type"].text(), "key", "{name}");
+        assert_eq!(args[0]["key_spec_index"], Reply::Int(0), "{name}");
+    }
+    // The options of LOCK.ACQUIRE are optional and introduced by their token.
+    let reply = c.call(&["COMMAND", "DOCS", "lock.acquire"]);
+    let doc = fields_of(&reply.items()[1]);
+    let wait = fields_of(&doc["arguments"].items()[3]);
+    assert_eq!(wait["token"].text(), "WAIT");
+    assert_eq!(wait["type"].text(), "integer");
+    assert_eq!(texts(&wait["flags"]), ["optional"]);
+}
+
+#[test]
+fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
+    let server = Server::start();
+    let version = server.version();
+    let mut c = server.conn();
+    let arity = |name: &str| match name {
+        "lock.acquire" => -4,
+        "lock.renew" => 4,
+        "lock.release" | "lock.fence" | "lock.wait" => 3,
+        _ => 2,
+    };
+    for (name, _, _) in command_table() {
+        let reply = c.call(&["COMMAND", "INFO", name]);
+        let info = reply.items()[0].items();
+        assert_eq!(info[0].text(), name);
+        assert_eq!(info[1], Reply::Int(arity(name)), "{name}");
+        let flags = texts(&info[2]);
+        let read_only = matches!(name, "lock.fence" | "lock.info" | "lock.wait");
+        assert!(flags.contains(&"module".to_string()), "{name}: {flags:?}");
+        assert_eq!(
+            flags.contains(&"readonly".to_string()),
+            read_only,
+            "{name}: {flags:?}"
+        );
+        assert_eq!(
+            flags.contains(&"write".to_string()),
+            !read_only,
+            "{name}: {flags:?}"
+        );
+        assert_eq!(
+            info[3..6],
+            [Reply::Int(1), Reply::Int(1), Reply::Int(1)],
+            "{name}"
+        );
+
+        let mut categories = texts(&info[6]);
+        categories.sort();
+        let mut expected = Vec::new();
+        if name == "lock.forcerelease" && version >= (7, 2, 0) {
+            expected.push("@dangerous".to_string());
+        }
+        if version >= (7, 4, 0) {
+            expected.push("@lock".to_string());
+        }
+        assert_eq!(categories, expected, "{name} on {version:?}");
+
+        let specs = info[8].items();
+        assert_eq!(specs.len(), 1, "{name}: {specs:?}");
+        let spec = fields_of(&specs[0]);
+        let key_flags = texts(&spec["flags"]);
+        let (want, not) = if read_only {
+            ("RO", "RW")
+        } else {
+            ("RW", "RO")
+        };
+        assert!(
+            key_flags.iter().any(|f| f == want) && !key_flags.iter().any(|f| f == not),
+            "{name}: {key_flags:?}"
+        );
+        let begin = fields_of(&spec["begin_search"]);
+        assert_eq!(begin["type"].text(), "index", "{name}");
+        assert_eq!(fields_of(&begin["spec"])["index"], Reply::Int(1), "{name}");
+    }
+}
+
+#[test]
+fn command_getkeys_returns_the_key_of_every_lock_command() {
+    let server = Server::start();
+    let mut c = server.conn();
+    for (name, _, sample) in command_table() {
+        let mut call = vec!["COMMAND", "GETKEYS", name];
+        call.extend_from_slice(sample);
+        assert_eq!(
+            c.call(&call),
+            Reply::Array(vec![Reply::bulk(sample[0])]),
+            "{name}"
+        );
+    }
+}
