@@ -197,9 +197,20 @@ fn client_loop(id: usize, sh: &Shared) {
                 let sent = Instant::now();
                 match call(c, &["LOCK.RENEW", &key, &token, &ttl2.to_string()]) {
                     Ok(Reply::Int(1)) => {
-                        sh.history.update(idx, |g| {
-                            g.live_until = g.live_until.max(sent + Duration::from_millis(ttl2))
-                        });
+                        // With replica acknowledgement, a renewal counts once WAIT confirms it,
+                        // as a grant does: an unconfirmed one can be lost by failover, and the
+                        // lease then ends at its earlier deadline (README).
+                        let confirmed = match sh.load.replica_ack {
+                            None => true,
+                            Some(ms) => {
+                                matches!(call(c, &["WAIT", "1", &ms.to_string()]), Ok(Reply::Int(a)) if a >= 1)
+                            }
+                        };
+                        if confirmed {
+                            sh.history.update(idx, |g| {
+                                g.live_until = g.live_until.max(sent + Duration::from_millis(ttl2))
+                            });
+                        }
                         sh.oracle.write(&key, fence);
                     }
                     Ok(_) => {}
