@@ -178,3 +178,27 @@ pub fn set_module_options(ctx: &redis_module::Context) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static OTHER_HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The module's hook handles panics inside its guarded calls only; any other panic of the
+    /// process still reaches the hook that was installed before (another Rust module's, say).
+    #[test]
+    fn the_panic_hook_leaves_other_panics_to_the_previous_hook() {
+        std::panic::set_hook(Box::new(|_| {
+            OTHER_HOOK_CALLS.fetch_add(1, Ordering::SeqCst);
+        }));
+        install_panic_hook();
+        assert_eq!(guarded(7, || panic!("inside the module")), 7);
+        assert_eq!(OTHER_HOOK_CALLS.load(Ordering::SeqCst), 0);
+        let outside = std::panic::catch_unwind(|| panic!("elsewhere in the process"));
+        assert!(outside.is_err());
+        assert_eq!(OTHER_HOOK_CALLS.load(Ordering::SeqCst), 1);
+        assert_eq!(GUARDED.with(Cell::get), 0);
+    }
+}

@@ -5,6 +5,7 @@ use redis_module::{Context, RedisString};
 
 use crate::config;
 use crate::error::LockError;
+use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -86,16 +87,23 @@ pub struct AcquireOptions {
 }
 
 impl AcquireOptions {
-    pub fn parse(args: &[RedisString]) -> Result<AcquireOptions, LockError> {
+    /// Parses the options, the first of them at argument `first` (counted after the command
+    /// name from 1). An unknown option is redacted from SLOWLOG and MONITOR, like the token: it
+    /// may be one, put in the wrong place.
+    pub fn parse(
+        ctx: &Context,
+        args: &[RedisString],
+        first: usize,
+    ) -> Result<AcquireOptions, LockError> {
         let mut options = AcquireOptions::default();
-        let mut rest = args.iter();
-        while let Some(arg) = rest.next() {
+        let mut rest = args.iter().enumerate();
+        while let Some((at, arg)) = rest.next() {
             let word = arg.as_slice();
             if word.eq_ignore_ascii_case(b"WAIT") {
                 if options.wait.is_some() {
                     return Err(LockError::RepeatedOption("WAIT"));
                 }
-                let value = rest.next().ok_or(LockError::BadInteger {
+                let (_, value) = rest.next().ok_or(LockError::BadInteger {
                     name: "timeout-ms",
                     detail: "missing after WAIT",
                 })?;
@@ -111,7 +119,9 @@ impl AcquireOptions {
                 }
                 options.session = true;
             } else {
-                return Err(LockError::unknown_option(word));
+                let position = first + at;
+                redact(ctx, i32::try_from(position).unwrap_or(i32::MAX));
+                return Err(LockError::UnknownOption { position });
             }
         }
         Ok(options)

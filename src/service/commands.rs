@@ -54,7 +54,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
-    let options = AcquireOptions::parse(options)?;
+    let options = AcquireOptions::parse(ctx, options, 4)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let grant = |lock: &mut Lock| {

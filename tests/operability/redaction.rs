@@ -3,13 +3,20 @@
 use crate::common::*;
 use crate::{fields_of, texts, TOKEN};
 
-/// Runs acquire, renew, a refused acquire, info, fence and release of `k` with [`TOKEN`].
+const UNKNOWN_AT_4: &str = "ERR unknown option at argument 4 (expected WAIT, REENTRANT or SESSION)";
+
+/// Runs acquire, renew, refused acquires (an unknown option; the token put in an option's place
+/// by mistake), info, fence and release of `k` with [`TOKEN`].
 fn token_workout(c: &mut Conn, k: &str) {
     let fence = acquire(c, k, TOKEN, 60_000);
     assert_eq!(c.call(&["LOCK.RENEW", k, TOKEN, "60000"]), Reply::Int(1));
     assert_eq!(
         c.call(&["LOCK.ACQUIRE", k, TOKEN, "60000", "BOGUS"]),
-        Reply::error("ERR unknown option 'BOGUS'")
+        Reply::error(UNKNOWN_AT_4)
+    );
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", k, "other", "60000", TOKEN]),
+        Reply::error(UNKNOWN_AT_4)
     );
     assert!(!c.call(&["LOCK.INFO", k]).contains_bytes(TOKEN.as_bytes()));
     assert_eq!(
@@ -44,7 +51,7 @@ fn slowlog_never_holds_the_token() {
     for expected in [
         &["lock.acquire", "k", "(redacted)", "60000"][..],
         &["lock.renew", "k", "(redacted)", "60000"],
-        &["lock.acquire", "k", "(redacted)", "60000", "BOGUS"],
+        &["lock.acquire", "k", "(redacted)", "60000", "(redacted)"],
         &["lock.release", "k", "(redacted)"],
     ] {
         assert!(
@@ -84,7 +91,7 @@ fn monitor_shows_lock_commands_without_the_token() {
     for expected in [
         r#""lock.acquire" "k" "(redacted)" "60000""#,
         r#""lock.renew" "k" "(redacted)" "60000""#,
-        r#""lock.acquire" "k" "(redacted)" "60000" "bogus""#,
+        r#""lock.acquire" "k" "(redacted)" "60000" "(redacted)""#,
         r#""lock.release" "k" "(redacted)""#,
     ] {
         assert!(
@@ -145,10 +152,12 @@ fn lock_info_client_list_and_info_never_show_the_token() {
 fn refused_arguments_are_never_echoed_with_the_token() {
     let server = Server::start();
     let mut c = server.conn();
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["LOCK.ACQUIRE", "k", TOKEN, "1000", "BOGUS"], UNKNOWN_AT_4),
+        // The token where an option belongs.
         (
-            &["LOCK.ACQUIRE", "k", TOKEN, "1000", "BOGUS"],
-            "ERR unknown option 'BOGUS'",
+            &["LOCK.ACQUIRE", "k", "other", "1000", "SESSION", TOKEN],
+            "ERR unknown option at argument 5 (expected WAIT, REENTRANT or SESSION)",
         ),
         (
             &["LOCK.ACQUIRE", "k", TOKEN, "1000", "WAIT"],
