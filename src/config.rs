@@ -40,7 +40,12 @@ pub static MAX_TOKEN_LEN: NumericConfig = NumericConfig::new("max-token-len", 25
 /// Waiters queued per key (server-side waiting).
 pub static MAX_WAITERS: NumericConfig = NumericConfig::new("max-waiters", 1_000, 1, 1_000_000);
 
-pub static ALL: [&NumericConfig; 3] = [&MAX_TTL, &MAX_TOKEN_LEN, &MAX_WAITERS];
+/// How long a free lock stays (with its last fence, for LOCK.INFO and slot migration) before it
+/// is deleted, in ms; 0 deletes it at once. Default 10 s.
+pub static TOMBSTONE_TTL: NumericConfig =
+    NumericConfig::new("tombstone-ttl", 10_000, 0, 31_536_000_000);
+
+pub static ALL: [&NumericConfig; 4] = [&MAX_TTL, &MAX_TOKEN_LEN, &MAX_WAITERS, &TOMBSTONE_TTL];
 
 /// Finds the load-time value of `config` among the module arguments (`name value` pairs,
 /// with or without the `lock.` prefix). Returns the default when absent.

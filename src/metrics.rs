@@ -145,6 +145,8 @@ pub static RENEW_FAILED: Counter = Counter::new();
 pub static EXPIRED: Counter = Counter::new();
 pub static FORCED: Counter = Counter::new();
 pub static SESSION_RELEASED: Counter = Counter::new();
+/// Free locks deleted after `lock.tombstone-ttl`.
+pub static RECLAIMED: Counter = Counter::new();
 pub static FENCE_CHECKS: Counter = Counter::new();
 pub static FENCE_REJECTS: Counter = Counter::new();
 
@@ -166,6 +168,7 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("expired", c(&EXPIRED)),
         ("forced", c(&FORCED)),
         ("session_released", c(&SESSION_RELEASED)),
+        ("reclaimed", c(&RECLAIMED)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
         ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),

@@ -44,6 +44,21 @@ pub fn notify_module_event(ctx: &Context, event: &CStr, key: &RedisString) {
     }
 }
 
+/// Publishes keyspace event `event` of the generic class (`g`) on `key`, as core commands do.
+pub fn notify_generic(ctx: &Context, event: &CStr, key: &RedisString) {
+    // SAFETY: a valid context, a NUL-terminated event name and a live key string.
+    unsafe {
+        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
+            notify(
+                ctx.ctx,
+                NotifyEvent::GENERIC.bits(),
+                event.as_ptr(),
+                key.inner,
+            );
+        }
+    }
+}
+
 /// Replicates `command key state [token]` to replicas and the AOF (inside the MULTI/EXEC Redis
 /// wraps around everything one call replicates). Redis builds the argument strings itself.
 pub fn replicate_key_state(

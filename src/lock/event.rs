@@ -17,10 +17,12 @@ pub enum Event {
     Expired,
     ForceRelease,
     Sync,
+    /// A free lock deleted: nobody held or awaited it for `lock.tombstone-ttl`.
+    Reclaim,
 }
 
 impl Event {
-    const ALL: [Event; 8] = [
+    const ALL: [Event; 9] = [
         Event::Acquire,
         Event::Release,
         Event::DropHold,
@@ -29,6 +31,7 @@ impl Event {
         Event::Expired,
         Event::ForceRelease,
         Event::Sync,
+        Event::Reclaim,
     ];
 
     /// True when the change left the lock free.
@@ -50,6 +53,7 @@ impl Event {
             Event::Expired => c"expired",
             Event::ForceRelease => c"forcerelease",
             Event::Sync => c"sync",
+            Event::Reclaim => c"reclaim",
         }
     }
 
@@ -61,7 +65,7 @@ impl Event {
             Event::Renew => Some(c"lock.renew"),
             Event::Expired => Some(c"lock.expired"),
             Event::ForceRelease => Some(c"lock.forcerelease"),
-            Event::DropHold | Event::Sync => None,
+            Event::DropHold | Event::Sync | Event::Reclaim => None,
         }
     }
 

@@ -2,18 +2,20 @@
 //! deferred work: apply the change, announce and replicate it, forget a session that ended, and
 //! hand a freed lock to the next waiter.
 
+use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString};
 
 use crate::host::keys;
 use crate::host::server::selected_db;
+use crate::lock::codec::State;
 use crate::lock::core::Lock;
 use crate::lock::event::Event;
 use crate::lock::lease_index::short_id;
 use crate::lock::sessions;
 use crate::metrics;
-use crate::service::effects;
-use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
+use crate::service::value::{in_key, in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
+use crate::service::{effects, leases};
 
 /// Applies `change` to the stored lock and, when it reports an event, announces and replicates
 /// it. When the change freed the lock, the session is forgotten and the lock handed over to the
@@ -25,7 +27,7 @@ pub fn change(
     now: u64,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
-    let before = stored.deadline();
+    let before = stored.due();
     let event = stored.update(change)?;
     effects::propagate(ctx, key, event, stored, before);
     if event.frees() {
@@ -57,24 +59,71 @@ pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now
     }
 }
 
-/// Expires the lock under `key` (in the selected db) if its lease has run out and it is still
-/// the value with (short) id `id`: the expiry timer's work on one key.
-pub fn expire_key(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
-    let key = ctx.open_key_writable(key_name);
-    if let Ok(Some(stored)) = in_key_mut(&key) {
-        // Another lock under this name has an index entry of its own.
-        if short_id(stored.id()) == id {
-            expire_overdue(ctx, key_name, stored, now);
-        }
+/// Deletes the free lock in `key` when its tombstone time is up (at once with
+/// `lock.tombstone-ttl 0`) and nobody queues for it: announced as DEL would be, and replicated
+/// as `LOCK.APPLY key reclaim:fence:floor`. The floor keeps its last fence, so later grants of
+/// the key still exceed it. True when it deleted the lock.
+pub fn reclaim_if_due(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    key_name: &RedisString,
+    now: u64,
+) -> bool {
+    let Ok(Some(stored)) = in_key_mut(key) else {
+        return false;
+    };
+    if !stored.reclaimable(now) {
+        return false;
     }
+    if waiters::queued(ctx, key_name) {
+        // Acquirers are served right after the change that freed the lock; look again later.
+        let before = stored.due();
+        stored.postpone_reclaim(now);
+        let db = selected_db(ctx);
+        leases::reindex(
+            ctx,
+            stored.id(),
+            db,
+            key_name.as_slice(),
+            before,
+            stored.due(),
+        );
+        waiters::signal_ready(ctx, key_name);
+        return false;
+    }
+    let (id, due) = (stored.id(), stored.due());
+    let state = State::of(Event::Reclaim, stored.lock());
+    // The value is freed by the deletion: nothing may use `stored` from here on.
+    if key.delete().is_err() {
+        return false;
+    }
+    effects::announce_deleted(ctx, key_name, id, due);
+    keys::replicate_key_state(ctx, APPLY, key_name, state.as_bytes(), None);
+    metrics::RECLAIMED.incr();
+    true
 }
 
-/// The id and lease deadline of the lock under `key`, if it has a holder. Looks without
-/// touching the key (see `keys::open_quietly`): it runs for keys that may not be locks at all.
-pub fn lease_of(ctx: &Context, key_name: &RedisString) -> Option<(u64, u64)> {
+/// The lease index's entry for the lock under `key` (in the selected db) came due: expires it if
+/// its lease has run out, reclaims it if it is free and its tombstone time is up. Only while it
+/// is still the value with (short) id `id`: another lock under this name has an entry of its own.
+pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
+    let key = ctx.open_key_writable(key_name);
+    match in_key_mut(&key) {
+        Ok(Some(stored)) if short_id(stored.id()) == id => {
+            expire_overdue(ctx, key_name, stored, now);
+        }
+        _ => return,
+    }
+    reclaim_if_due(ctx, &key, key_name, now);
+}
+
+/// The id of the lock under `key` and when the lease index should look at it next (see
+/// `Stored::due`). Looks without touching the key (see `keys::open_quietly`): it runs for keys
+/// that may not be locks at all.
+pub fn due_of(ctx: &Context, key_name: &RedisString) -> Option<(u64, u64)> {
     let key = keys::open_quietly(ctx, key_name);
     let stored = in_key_mut(&key).ok().flatten()?;
-    stored.deadline().map(|d| (stored.id(), d))
+    stored.due().map(|d| (stored.id(), d))
 }
 
 /// Settles a key whose waiters may be able to proceed: it was deleted, flushed, swapped or
@@ -85,17 +134,21 @@ pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
         Ok(Some(stored)) => {
             expire_overdue(ctx, key_name, stored, now);
             hand_over(ctx, key_name, stored, now);
+            reclaim_if_due(ctx, &key, key_name, now);
         }
         Ok(None) => {
-            let acquirers =
-                waiters::queues().acquirers_on(selected_db(ctx), key_name.as_slice()) > 0;
-            // A fresh lock for the queue: creating the key makes Redis serve its waiters.
-            if acquirers
-                && key
+            if waiters::queued(ctx, key_name) {
+                // A fresh lock for the queue, created like any change (replicated, announced):
+                // the key's existence makes Redis serve its waiters.
+                if key
                     .set_value(&LOCK_TYPE, Stored::new(Lock::default()))
                     .is_ok()
-            {
-                waiters::signal_ready(ctx, key_name);
+                {
+                    if let Ok(Some(stored)) = in_key_mut(&key) {
+                        effects::propagate(ctx, key_name, Event::Sync, stored, None);
+                    }
+                    waiters::signal_ready(ctx, key_name);
+                }
             }
             waiters::wake_watchers(ctx, key_name, &Lock::default(), now);
         }
@@ -115,6 +168,7 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64
         if ended.is_some() {
             metrics::SESSION_RELEASED.incr();
         }
+        reclaim_if_due(ctx, &key, key_name, now);
     }
 }
 

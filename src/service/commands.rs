@@ -1,6 +1,7 @@
 //! The LOCK.* commands: arguments, a call into the lock core, the reply, and the announcement
 //! and replication of whatever changed (through `change`).
 
+use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, RedisValue};
 
 use crate::config;
@@ -16,7 +17,7 @@ use crate::lock::queues::{Kind, Request};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
-use crate::service::change::{change, expire_overdue};
+use crate::service::change::{change, expire_overdue, reclaim_if_due};
 use crate::service::effects;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
@@ -166,6 +167,9 @@ fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
         None => None,
     };
+    if released == Some(true) {
+        reclaim_if_due(ctx, &key, key_name, now);
+    }
     if released.is_some() {
         metrics::RELEASED.incr();
         Ok(RedisValue::Integer(1))
@@ -222,6 +226,7 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     };
     if freed {
         metrics::FORCED.incr();
+        reclaim_if_due(ctx, &key, key_name, now);
     }
     Ok(RedisValue::Integer(i64::from(freed)))
 }
@@ -309,9 +314,12 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let effect = codec::parse_effect(&raw_args)?;
     effects::note_floor(&effect);
     let key = ctx.open_key_writable(key_name);
+    if effect.event == Event::Reclaim {
+        return apply_reclaim(ctx, &key, key_name);
+    }
     let before = match in_key_mut(&key)? {
         Some(stored) => {
-            let before = stored.deadline();
+            let before = stored.due();
             stored.update(|current| *current = effect.lock);
             before
         }
@@ -328,6 +336,22 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     effects::announce(ctx, key_name, effect.event, stored, before);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// The primary deleted a free lock: so does the replica (or the AOF replay).
+fn apply_reclaim(ctx: &Context, key: &RedisKeyWritable, key_name: &RedisString) -> CommandResult {
+    if let Some(stored) = in_key_mut(key)? {
+        let (id, due) = (stored.id(), stored.due());
+        // The value is freed by the deletion: nothing may use `stored` from here on.
+        key.delete()
+            .map_err(|_| LockError::internal("a reclaimed lock could not be deleted"))?;
+        effects::announce_deleted(ctx, key_name, id, due);
+        if !is_loading(ctx) {
+            metrics::RECLAIMED.incr();
+        }
+    }
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
@@ -357,6 +381,6 @@ fn count_applied(event: Event) {
         Event::Renew => metrics::RENEWED.incr(),
         Event::Expired => metrics::EXPIRED.incr(),
         Event::ForceRelease => metrics::FORCED.incr(),
-        Event::Sync => {}
+        Event::Sync | Event::Reclaim => {}
     }
 }

@@ -19,31 +19,33 @@ use crate::service::value::{Stored, APPLY};
 pub const FLOOR: &str = "LOCK.FLOOR";
 
 /// Tells the rest of the server about a change that already happened to the lock under `key`:
-/// WATCH invalidation, the keyspace notification and the lease index. `old_deadline` is the
-/// lease deadline before the change, if there was one.
+/// WATCH invalidation, the keyspace notification and the lease index. `old_due` is when the
+/// lease index was to look at the lock before the change (see `Stored::due`).
 pub fn announce(
     ctx: &Context,
     key: &RedisString,
     event: Event,
     stored: &Stored,
-    old_deadline: Option<u64>,
+    old_due: Option<u64>,
 ) {
     keys::signal_modified(ctx, key);
     if let Some(name) = event.notification() {
         keys::notify_module_event(ctx, name, key);
     }
-    let new_deadline = stored.deadline();
-    if old_deadline != new_deadline {
+    let new_due = stored.due();
+    if old_due != new_due {
         let db = selected_db(ctx);
-        leases::reindex(
-            ctx,
-            stored.id(),
-            db,
-            key.as_slice(),
-            old_deadline,
-            new_deadline,
-        );
+        leases::reindex(ctx, stored.id(), db, key.as_slice(), old_due, new_due);
     }
+}
+
+/// Tells the rest of the server that the lock under `key` (id `id`, due at `old_due` in the
+/// lease index) was deleted by the module, as DEL would: WATCH invalidation, the `del` event,
+/// and its entry leaves the lease index.
+pub fn announce_deleted(ctx: &Context, key: &RedisString, id: u64, old_due: Option<u64>) {
+    keys::signal_modified(ctx, key);
+    keys::notify_generic(ctx, c"del", key);
+    leases::reindex(ctx, id, selected_db(ctx), key.as_slice(), old_due, None);
 }
 
 /// On the primary: announces a change and sends it to replicas and the AOF.
@@ -52,9 +54,9 @@ pub fn propagate(
     key: &RedisString,
     event: Event,
     stored: &Stored,
-    old_deadline: Option<u64>,
+    old_due: Option<u64>,
 ) {
-    announce(ctx, key, event, stored, old_deadline);
+    announce(ctx, key, event, stored, old_due);
     let lock = stored.lock();
     let state = State::of(event, lock);
     let token = lock.holder.as_ref().map(|h| &*h.token);

@@ -1,10 +1,11 @@
-//! Active expiry of leases on the primary.
+//! Active expiry of leases, and reclaim of free locks, on the primary.
 //!
 //! The lease index (see `leases`) is kept in step with grants, renewals and releases, and its
-//! timer is armed for the earliest deadline. When it fires on a primary, [`on_due`] expires every
-//! overdue lock (announcing `lock.expired` and replicating the release), in slices of a couple of
-//! milliseconds so a mass expiry never stalls the event loop. Replicas keep the index too (they
-//! apply the same effects) but never expire anything themselves.
+//! timer is armed for the earliest time due: a lease deadline, or the end of a free lock's
+//! tombstone time. When it fires on a primary, [`on_due`] expires every overdue lock (announcing
+//! `lock.expired` and replicating the release) and deletes the free locks nobody wants, in slices
+//! of a couple of milliseconds so a mass expiry never stalls the event loop. Replicas keep the
+//! index too (they apply the same effects) but never expire or reclaim anything themselves.
 //!
 //! Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE, loading) are indexed from
 //! keyspace events ([`index_key`]) and by a scan after loading ([`rebuild`]).
@@ -39,7 +40,7 @@ pub fn on_due(ctx: &Context) {
     let mut more_due = false;
     while let Some(due) = leases::pop_due(now) {
         if select_db(ctx, due.db) {
-            change::expire_key(ctx, &key_string(ctx, &due.key), due.id, now);
+            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, now);
         }
         if started.elapsed() >= SLICE {
             more_due = true;
@@ -50,12 +51,12 @@ pub fn on_due(ctx: &Context) {
     leases::arm_next(ctx, more_due.then_some(now));
 }
 
-/// Indexes the lock under `key` in the selected db, if it is held (keyspace events for keys
-/// that arrive without a grant: RENAME, MOVE, COPY, RESTORE).
+/// Indexes the lock under `key` in the selected db (keyspace events for keys that arrive
+/// without a grant: RENAME, MOVE, COPY, RESTORE).
 pub fn index_key(ctx: &Context, key: &[u8]) {
     let name = key_string(ctx, key);
-    if let Some((id, deadline)) = change::lease_of(ctx, &name) {
-        leases::insert(ctx, deadline, selected_db(ctx), id, key);
+    if let Some((id, due)) = change::due_of(ctx, &name) {
+        leases::insert(ctx, due, selected_db(ctx), id, key);
     }
 }
 
@@ -66,8 +67,8 @@ pub fn rebuild(ctx: &Context) {
     let mut db = 0;
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
-            if let Some(deadline) = stored.deadline() {
-                found.push((deadline, db, stored.id(), key.into()));
+            if let Some(due) = stored.due() {
+                found.push((due, db, stored.id(), key.into()));
             }
         });
         db += 1;

@@ -10,6 +10,7 @@ use redis_module::key::{RedisKey, RedisKeyWritable};
 use redis_module::native_types::RedisType;
 use redis_module::KeyType;
 
+use crate::config;
 use crate::error::LockError;
 use crate::host;
 use crate::host::server::now_ms;
@@ -35,19 +36,31 @@ pub struct Stored {
     /// When the current holder got the lock (monotonic µs), for the hold-time histogram;
     /// unknown for a holder that arrived by loading, RESTORE or COPY.
     held_since: Option<u64>,
+    /// For a free lock: when it may be reclaimed (deleted), `lock.tombstone-ttl` after it became
+    /// free or arrived free (ms since the epoch; in memory only).
+    reclaim_at: Option<u64>,
+}
+
+/// When a lock that is free from `now` on may be reclaimed.
+fn reclaim_time(now: u64) -> u64 {
+    let ttl = u64::try_from(config::TOMBSTONE_TTL.get()).unwrap_or(0);
+    now.saturating_add(ttl)
 }
 
 impl Stored {
     pub fn new(lock: Lock) -> Self {
-        floor::raise(lock.fence, now_ms());
+        let now = now_ms();
+        floor::raise(lock.fence, now);
         metrics::KEYS.add(1);
         if lock.holder.is_some() {
             metrics::HELD.add(1);
         }
+        let reclaim_at = lock.holder.is_none().then(|| reclaim_time(now));
         Stored {
             lock,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             held_since: None,
+            reclaim_at,
         }
     }
 
@@ -68,12 +81,29 @@ impl Stored {
         &self.lock
     }
 
-    /// The lease deadline, if held.
-    pub fn deadline(&self) -> Option<u64> {
-        self.lock.holder.as_ref().map(|h| h.deadline)
+    /// When the lease index should look at this lock next: the lease deadline when held, the
+    /// reclaim time when free.
+    pub fn due(&self) -> Option<u64> {
+        match &self.lock.holder {
+            Some(holder) => Some(holder.deadline),
+            None => self.reclaim_at,
+        }
     }
 
-    /// Runs `change` on the lock and keeps the held gauge and the fence floor in step.
+    /// For a free lock: true when its tombstone time is up at `now`.
+    pub fn reclaimable(&self, now: u64) -> bool {
+        self.lock.holder.is_none() && self.reclaim_at.is_some_and(|at| at <= now)
+    }
+
+    /// A free lock that could not be reclaimed yet (clients queue for it): looks again later.
+    pub fn postpone_reclaim(&mut self, now: u64) {
+        if self.lock.holder.is_none() {
+            self.reclaim_at = Some(reclaim_time(now).max(now.saturating_add(1000)));
+        }
+    }
+
+    /// Runs `change` on the lock and keeps the held gauge, the reclaim time and the fence floor
+    /// in step.
     pub fn update<R>(&mut self, change: impl FnOnce(&mut Lock) -> R) -> R {
         let was_held = self.lock.holder.is_some();
         let result = change(&mut self.lock);
@@ -87,7 +117,13 @@ impl Stored {
                 metrics::HOLD.record(now.saturating_sub(since));
             }
         }
-        floor::raise(self.lock.fence, now_ms());
+        let now = now_ms();
+        if is_held {
+            self.reclaim_at = None;
+        } else if was_held || self.reclaim_at.is_none() {
+            self.reclaim_at = Some(reclaim_time(now));
+        }
+        floor::raise(self.lock.fence, now);
         result
     }
 }

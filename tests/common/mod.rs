@@ -690,3 +690,69 @@ impl Drop for Stopped {
         }
     }
 }
+
+/// The replication stream of a primary, as a replica receives it: attaches with `SYNC`, skips
+/// the RDB snapshot, then reads the commands the primary propagates (PINGs left out).
+pub struct ReplicationTap {
+    conn: Conn,
+}
+
+impl ReplicationTap {
+    pub fn attach(primary: &Server) -> ReplicationTap {
+        let mut conn = primary.conn();
+        conn.send(&["SYNC"]);
+        // Newlines keep the link alive while the snapshot is made; then `$<len>` and the bytes.
+        let header = loop {
+            let line = conn.read_raw_line().expect("SYNC reply");
+            if line != b"\n" {
+                break line;
+            }
+        };
+        let len: usize = std::str::from_utf8(&header)
+            .ok()
+            .and_then(|h| h.trim().strip_prefix('$'))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("SYNC answered {:?}", String::from_utf8_lossy(&header)));
+        conn.read_raw(len).expect("RDB snapshot");
+        ReplicationTap { conn }
+    }
+
+    /// The next propagated command, as its arguments (the name upper-cased).
+    pub fn next_command(&mut self) -> Vec<Vec<u8>> {
+        loop {
+            let reply = self.conn.read();
+            let mut args: Vec<Vec<u8>> = reply
+                .items()
+                .iter()
+                .map(|a| match a {
+                    Reply::Bulk(b) => b.clone(),
+                    other => panic!("replicated argument {other:?}"),
+                })
+                .collect();
+            args[0].make_ascii_uppercase();
+            if args[0] != b"PING" {
+                return args;
+            }
+        }
+    }
+
+    /// The propagated commands up to and including the first whose name is `until`, leaving
+    /// out MULTI, EXEC and SELECT; each as its name and its arguments as text.
+    pub fn commands_until(&mut self, until: &str) -> Vec<Vec<String>> {
+        let mut commands = Vec::new();
+        loop {
+            let command: Vec<String> = self
+                .next_command()
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let done = command[0] == until.to_uppercase();
+            if !matches!(command[0].as_str(), "MULTI" | "EXEC" | "SELECT") {
+                commands.push(command);
+            }
+            if done {
+                return commands;
+            }
+        }
+    }
+}

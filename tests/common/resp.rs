@@ -248,6 +248,25 @@ impl Conn {
         self.read()
     }
 
+    /// Reads raw bytes up to and including the next `\n` (for streams that are not replies).
+    pub fn read_raw_line(&mut self) -> io::Result<Vec<u8>> {
+        let mut line = Vec::new();
+        if self.reader.read_until(b'\n', &mut line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        Ok(line)
+    }
+
+    /// Reads exactly `len` raw bytes.
+    pub fn read_raw(&mut self, len: usize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0; len];
+        self.reader.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+
     /// Reads one reply; panics on timeout (no test waits forever).
     pub fn read(&mut self) -> Reply {
         self.try_read().expect("read reply")

@@ -18,10 +18,16 @@ fn configs_have_their_documented_defaults() {
     assert_eq!(config_get(&mut c, "lock.max-ttl"), "86400000");
     assert_eq!(config_get(&mut c, "lock.max-token-len"), "256");
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "1000");
+    assert_eq!(config_get(&mut c, "lock.tombstone-ttl"), "10000");
     let all = fields_of(&c.call(&["CONFIG", "GET", "lock.*"]));
     assert_eq!(
         all.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["lock.max-token-len", "lock.max-ttl", "lock.max-waiters"]
+        [
+            "lock.max-token-len",
+            "lock.max-ttl",
+            "lock.max-waiters",
+            "lock.tombstone-ttl"
+        ]
     );
 }
 
@@ -78,6 +84,11 @@ fn config_set_out_of_bounds_is_refused_and_the_value_stays() {
             "1000001",
             range("lock.max-waiters", "1 and 1000000"),
         ),
+        (
+            "lock.tombstone-ttl",
+            "-1",
+            range("lock.tombstone-ttl", "0 and 31536000000"),
+        ),
     ];
     for (name, value, error) in cases {
         assert_eq!(
@@ -89,6 +100,7 @@ fn config_set_out_of_bounds_is_refused_and_the_value_stays() {
     assert_eq!(config_get(&mut c, "lock.max-ttl"), "86400000");
     assert_eq!(config_get(&mut c, "lock.max-token-len"), "256");
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "1000");
+    assert_eq!(config_get(&mut c, "lock.tombstone-ttl"), "10000");
     acquire(&mut c, "k", "t", 86_400_000);
 }
 

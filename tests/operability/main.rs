@@ -21,7 +21,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 15] = [
+const COUNTS: [&str; 16] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -35,6 +35,7 @@ const COUNTS: [&str; 15] = [
     "lock_expired",
     "lock_forced",
     "lock_session_released",
+    "lock_reclaimed",
     "lock_fence_checks",
     "lock_fence_rejects",
 ];

@@ -1,0 +1,236 @@
+//! Free locks do not pile up: a lock that is free and awaited by nobody is deleted
+//! `lock.tombstone-ttl` ms after it became free (at once with 0), as DEL would delete it (the
+//! `del` event, WATCH), replicated as an effect. Fences of a reclaimed key still grow: the fence
+//! floor keeps its last one.
+
+mod common;
+
+use common::*;
+
+fn server_with_tombstone_ttl(ms: &str) -> Server {
+    Server::start_with(
+        Config::default()
+            .with("notify-keyspace-events", "KEA")
+            .module_arg("tombstone-ttl")
+            .module_arg(ms),
+    )
+}
+
+fn exists(c: &mut Conn, key: &str) -> i64 {
+    c.call(&["EXISTS", key]).int()
+}
+
+#[test]
+fn a_released_lock_is_reclaimed_after_the_tombstone_ttl_and_fences_still_grow() {
+    let server = server_with_tombstone_ttl("300");
+    let mut c = server.conn();
+    let mut events = subscribe_keyspace(&server, "k");
+    let first = acquire(&mut c, "k", "t1", 60_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "t1"]), Reply::Int(1));
+    assert_eq!(state_of(&mut c, "k"), "free");
+    assert_eq!(fence_of(&mut c, "k"), first);
+    wait_for("the free lock to be reclaimed", || {
+        (exists(&mut c, "k") == 0).then_some(())
+    });
+    assert_eq!(server.info_int("lock_reclaimed"), 1);
+    assert_eq!(server.info_int("lock_keys"), 0);
+    assert_eq!(next_event(&mut events), "lock.acquire");
+    assert_eq!(next_event(&mut events), "lock.release");
+    assert_eq!(next_event(&mut events), "del");
+    let second = acquire(&mut c, "k", "t2", 60_000);
+    assert!(second > first, "{second} after {first}");
+}
+
+#[test]
+fn with_tombstone_ttl_zero_release_expiry_and_forcerelease_delete_at_once() {
+    let server = server_with_tombstone_ttl("0");
+    let mut c = server.conn();
+    acquire(&mut c, "released", "t", 60_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", "released", "t"]), Reply::Int(1));
+    assert_eq!(exists(&mut c, "released"), 0);
+    acquire(&mut c, "forced", "t", 60_000);
+    assert_eq!(c.call(&["LOCK.FORCERELEASE", "forced"]), Reply::Int(1));
+    assert_eq!(exists(&mut c, "forced"), 0);
+    acquire(&mut c, "expiring", "t", 100);
+    wait_for("the lease to end", || {
+        (server.info_int("lock_expired") == 1).then_some(())
+    });
+    // Expired and reclaimed in the same step.
+    assert_eq!(exists(&mut c, "expiring"), 0);
+    assert_eq!(server.info_int("lock_reclaimed"), 3);
+    assert_eq!(server.info_int("lock_keys"), 0);
+    // A release that only drops one of several holds keeps the lock.
+    acquire(&mut c, "reentrant", "t", 60_000);
+    let again = c.call(&["LOCK.ACQUIRE", "reentrant", "t", "60000", "REENTRANT"]);
+    assert!(matches!(again, Reply::Int(_)), "{again:?}");
+    assert_eq!(c.call(&["LOCK.RELEASE", "reentrant", "t"]), Reply::Int(1));
+    assert_eq!(state_of(&mut c, "reentrant"), "held");
+}
+
+#[test]
+fn a_lock_with_waiters_is_handed_over_not_reclaimed() {
+    let server = server_with_tombstone_ttl("0");
+    let mut c = server.conn();
+    acquire(&mut c, "k", "holder", 60_000);
+    let mut waiter = queue_waiter(&server, "k", "waiter", 60_000, 5_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "holder"]), Reply::Int(1));
+    let fence = granted(&mut waiter);
+    assert_eq!(state_of(&mut c, "k"), "held");
+    assert_eq!(fence_of(&mut c, "k"), fence);
+    assert_eq!(server.info_int("lock_reclaimed"), 0);
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "waiter"]), Reply::Int(1));
+    assert_eq!(exists(&mut c, "k"), 0);
+}
+
+#[test]
+fn reclaim_is_replicated_and_the_replica_agrees() {
+    let primary = server_with_tombstone_ttl("200");
+    let replica = server_with_tombstone_ttl("200");
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    let mut tap = ReplicationTap::attach(&primary);
+    acquire(&mut p, "k", "t", 60_000);
+    assert_eq!(p.call(&["LOCK.RELEASE", "k", "t"]), Reply::Int(1));
+    wait_for("the free lock to be reclaimed", || {
+        (exists(&mut p, "k") == 0).then_some(())
+    });
+    let stream = tap.commands_until("LOCK.APPLY");
+    assert!(stream[0][2].starts_with("acquire:"), "{stream:?}");
+    let stream = tap.commands_until("LOCK.APPLY");
+    assert!(stream[0][2].starts_with("release:"), "{stream:?}");
+    let stream = tap.commands_until("LOCK.APPLY");
+    assert_eq!(stream.len(), 1, "{stream:?}");
+    assert!(stream[0][2].starts_with("reclaim:"), "{stream:?}");
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    assert_eq!(exists(&mut r, "k"), 0);
+    assert_eq!(replica.info_int("lock_reclaimed"), 1);
+    assert_eq!(replica.info_int("lock_keys"), 0);
+    assert_eq!(r.call(&["DEBUG", "DIGEST"]), p.call(&["DEBUG", "DIGEST"]));
+}
+
+#[test]
+fn free_locks_that_arrive_by_restore_copy_or_reload_are_reclaimed_too() {
+    let server = server_with_tombstone_ttl("10000");
+    let mut c = server.conn();
+    acquire(&mut c, "original", "t", 60_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", "original", "t"]), Reply::Int(1));
+    let Reply::Bulk(dump) = c.call(&["DUMP", "original"]) else {
+        panic!("DUMP");
+    };
+    assert_eq!(c.call(&["COPY", "original", "copied"]), Reply::Int(1));
+    assert_eq!(restore(&mut c, "restored", &dump), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["RENAME", "original", "renamed"]),
+        Reply::status("OK")
+    );
+    assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.tombstone-ttl", "100"]),
+        Reply::status("OK")
+    );
+    // Reloaded values got their reclaim time from the setting of the time: move them along.
+    assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
+    wait_for("every free lock to be reclaimed", || {
+        (c.call(&["DBSIZE"]) == Reply::Int(0)).then_some(())
+    });
+    assert_eq!(server.info_int("lock_reclaimed"), 3);
+}
+
+/// Runs `cycles` acquire/release pairs on distinct keys (prefix `prefix`), pipelined.
+fn cycle_distinct_keys(c: &mut Conn, prefix: &str, cycles: usize) {
+    const BATCH: usize = 500;
+    for start in (0..cycles).step_by(BATCH) {
+        let end = (start + BATCH).min(cycles);
+        for i in start..end {
+            let key = format!("{prefix}:{i}");
+            c.send(&["LOCK.ACQUIRE", &key, "token", "60000"]);
+            c.send(&["LOCK.RELEASE", &key, "token"]);
+        }
+        for _ in start..end {
+            assert!(matches!(c.read(), Reply::Int(_)));
+            assert_eq!(c.read(), Reply::Int(1));
+        }
+    }
+}
+
+fn used_memory(server: &Server) -> i64 {
+    server
+        .info_field("memory", "used_memory")
+        .expect("used_memory")
+        .parse()
+        .expect("integer")
+}
+
+#[test]
+fn a_million_acquire_release_cycles_on_distinct_keys_leave_used_memory_flat() {
+    let server = server_with_tombstone_ttl("0");
+    let mut c = server.conn();
+    cycle_distinct_keys(&mut c, "warmup", 20_000);
+    let before = used_memory(&server);
+    cycle_distinct_keys(&mut c, "order", 1_000_000);
+    let after = used_memory(&server);
+    eprintln!("1M cycles, tombstone-ttl 0: used_memory {before} -> {after}");
+    assert_eq!(c.call(&["DBSIZE"]), Reply::Int(0));
+    assert_eq!(server.info_int("lock_reclaimed"), 1_020_000);
+    // A kept free lock costs over 100 bytes: a million would be 100 MB.
+    assert!(
+        after - before < 1 << 20,
+        "used_memory grew from {before} to {after}"
+    );
+}
+
+#[test]
+fn cycles_with_a_tombstone_ttl_leave_used_memory_flat_once_it_passes() {
+    let server = server_with_tombstone_ttl("200");
+    let mut c = server.conn();
+    cycle_distinct_keys(&mut c, "warmup", 20_000);
+    wait_for("warm-up locks to be reclaimed", || {
+        (server.info_int("lock_keys") == 0).then_some(())
+    });
+    let before = used_memory(&server);
+    cycle_distinct_keys(&mut c, "order", 100_000);
+    wait_for("every free lock to be reclaimed", || {
+        (server.info_int("lock_keys") == 0).then_some(())
+    });
+    let after = used_memory(&server);
+    eprintln!("100k cycles, tombstone-ttl 200: used_memory {before} -> {after}");
+    assert!(
+        after - before < 1 << 20,
+        "used_memory grew from {before} to {after}"
+    );
+}
+
+/// A lock deleted while clients wait for it: a fresh lock is created for them, and that
+/// creation reaches replicas and the AOF like every other change, before the grant.
+#[test]
+fn a_fresh_lock_created_for_waiters_is_replicated() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut tap = ReplicationTap::attach(&primary);
+    let mut c = primary.conn();
+    acquire(&mut c, "k", "holder", 60_000);
+    let mut waiter = queue_waiter(&primary, "k", "waiter", 60_000, 5_000);
+    assert_eq!(c.call(&["DEL", "k"]), Reply::Int(1));
+    let fence = granted(&mut waiter);
+    let stream: Vec<Vec<String>> = (0..3)
+        .flat_map(|_| tap.commands_until("LOCK.APPLY"))
+        .collect();
+    let names: Vec<&str> = stream.iter().map(|c| c[0].as_str()).collect();
+    assert_eq!(
+        names,
+        ["LOCK.APPLY", "DEL", "LOCK.APPLY", "LOCK.APPLY"],
+        "{stream:?}"
+    );
+    assert!(stream[2][2].starts_with("sync:0:"), "{stream:?}");
+    assert!(
+        stream[3][2].starts_with(&format!("acquire:{fence}:")),
+        "{stream:?}"
+    );
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(
+        replica.conn().call(&["DEBUG", "DIGEST"]),
+        c.call(&["DEBUG", "DIGEST"])
+    );
+}
