@@ -257,13 +257,26 @@ pub fn standard_load(prefix: &str) -> Load {
 pub fn fences_now(server: &Server, keys: &[String]) -> HashMap<String, u64> {
     let mut conn = server.conn();
     keys.iter()
-        .map(|k| {
-            let fence = lock_info(&mut conn, k)
-                .and_then(|f| f.into_iter().find(|(n, _)| n == "fence"))
-                .map_or(0, |(_, v)| v.int() as u64);
-            (k.clone(), fence)
-        })
+        .map(|k| (k.clone(), fence_now(&mut conn, k)))
         .collect()
+}
+
+/// The fence `key` shows; for a key that is gone (a free lock reclaimed after
+/// `lock.tombstone-ttl`), the fence its next grant gets, taken and released at once by a probe:
+/// what must not go back is the fence a holder can get.
+fn fence_now(conn: &mut Conn, key: &str) -> u64 {
+    for _ in 0..100 {
+        if let Some(fields) = lock_info(conn, key) {
+            if let Some((_, fence)) = fields.into_iter().find(|(n, _)| n == "fence") {
+                return fence.int() as u64;
+            }
+        }
+        if let Reply::Int(fence) = conn.call(&["LOCK.ACQUIRE", key, "i4-probe", "1000"]) {
+            conn.call(&["LOCK.RELEASE", key, "i4-probe"]);
+            return fence as u64;
+        }
+    }
+    0
 }
 
 /// Runs `clients` against the shared state while `controller` injects faults.
