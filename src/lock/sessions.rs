@@ -5,6 +5,12 @@
 //! The owner is the connection that most recently acquired the lock with SESSION (a retry from
 //! a new connection after a lost reply takes the session over); a same-token re-acquire without
 //! SESSION leaves the owner as it is.
+//!
+//! The table follows its keys: RENAME and MOVE carry a session to the new name, SWAPDB to the
+//! other database, and DEL, expiry, eviction, FLUSHDB, FLUSHALL and values put in the key's place
+//! (RESTORE, COPY) end it. Each entry also names the lock value it belongs to (its id), and a
+//! session is only ever released on that value: whatever the table missed, the close of a
+//! connection never frees a lock it did not take.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,12 +18,44 @@ use std::sync::{LazyLock, Mutex};
 
 use crate::lock::KeyRef;
 
+/// A session lock's owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub client: u64,
+    pub token: Box<[u8]>,
+    /// The id of the lock value the session belongs to.
+    pub lock_id: u64,
+}
+
 #[derive(Default)]
 struct Sessions {
-    /// Lock key -> (owning client id, token).
-    owner: HashMap<KeyRef, (u64, Box<[u8]>)>,
+    by_key: HashMap<KeyRef, Session>,
     /// Client id -> lock keys it owns.
     by_client: HashMap<u64, HashSet<KeyRef>>,
+    /// A session whose key was just renamed or moved away, until its new name is announced.
+    moving: Option<Session>,
+}
+
+impl Sessions {
+    fn insert(&mut self, key: KeyRef, session: Session) {
+        self.remove(&key);
+        self.by_client
+            .entry(session.client)
+            .or_default()
+            .insert(key.clone());
+        self.by_key.insert(key, session);
+    }
+
+    fn remove(&mut self, key: &KeyRef) -> Option<Session> {
+        let session = self.by_key.remove(key)?;
+        if let Some(keys) = self.by_client.get_mut(&session.client) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.by_client.remove(&session.client);
+            }
+        }
+        Some(session)
+    }
 }
 
 static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(|| Mutex::new(Sessions::default()));
@@ -30,7 +68,10 @@ fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let result = f(&mut sessions);
-    OWNED.store(sessions.owner.len(), Ordering::Relaxed);
+    OWNED.store(
+        sessions.by_key.len() + usize::from(sessions.moving.is_some()),
+        Ordering::Relaxed,
+    );
     result
 }
 
@@ -39,31 +80,75 @@ pub fn any() -> bool {
     OWNED.load(Ordering::Relaxed) > 0
 }
 
-/// Makes `client` the session owner of `key`, held by `token`.
-pub fn claim(key: KeyRef, client: u64, token: &[u8]) {
+/// Makes `client` the session owner of the lock value `lock_id` under `key`, held by `token`.
+pub fn claim(key: KeyRef, client: u64, token: &[u8], lock_id: u64) {
     with(|s| {
-        if let Some((previous, _)) = s.owner.get(&key) {
-            if *previous != client {
-                if let Some(keys) = s.by_client.get_mut(previous) {
-                    keys.remove(&key);
-                }
-            }
-        }
-        s.by_client.entry(client).or_default().insert(key.clone());
-        s.owner.insert(key, (client, token.into()));
+        s.insert(
+            key,
+            Session {
+                client,
+                token: token.into(),
+                lock_id,
+            },
+        )
     });
 }
 
-/// Forgets the session of `key` (the lock was released, expired, forced or deleted).
+/// Forgets the session of `key` (the lock was released, expired, forced or deleted, or another
+/// value took the key's place).
 pub fn forget(key: &KeyRef) {
     with(|s| {
-        if let Some((client, _)) = s.owner.remove(key) {
-            if let Some(keys) = s.by_client.get_mut(&client) {
-                keys.remove(key);
-                if keys.is_empty() {
-                    s.by_client.remove(&client);
-                }
-            }
+        s.remove(key);
+    });
+}
+
+/// The key was renamed or moved away (`rename_from`, `move_from`): its session waits for
+/// [`arrived`].
+pub fn leaving(key: &KeyRef) {
+    with(|s| s.moving = s.remove(key));
+}
+
+/// A key arrived under this name (`rename_to`, `move_to`): whatever session the name had
+/// belonged to the value it replaced; the session that was [`leaving`] moves here.
+pub fn arrived(key: &KeyRef) {
+    with(|s| {
+        s.remove(key);
+        if let Some(session) = s.moving.take() {
+            s.insert(key.clone(), session);
+        }
+    });
+}
+
+/// FLUSHDB of `db`, or FLUSHALL for `None`.
+pub fn flushed(db: Option<i32>) {
+    with(|s| {
+        let gone: Vec<KeyRef> = s
+            .by_key
+            .keys()
+            .filter(|(d, _)| db.is_none_or(|db| *d == db))
+            .cloned()
+            .collect();
+        for key in gone {
+            s.remove(&key);
+        }
+    });
+}
+
+/// SWAPDB of `a` and `b`: the sessions follow their data.
+pub fn swapped(a: i32, b: i32) {
+    with(|s| {
+        let moved: Vec<(KeyRef, Session)> = s
+            .by_key
+            .keys()
+            .filter(|(d, _)| *d == a || *d == b)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|key| s.remove(&key).map(|session| (key, session)))
+            .collect();
+        for ((db, name), session) in moved {
+            let db = if db == a { b } else { a };
+            s.insert((db, name), session);
         }
     });
 }
@@ -73,14 +158,14 @@ pub fn owns_any(client: u64) -> bool {
     with(|s| s.by_client.contains_key(&client))
 }
 
-/// The locks `client` owned, with their tokens, now that it is gone.
-pub fn disconnected(client: u64) -> Vec<(KeyRef, Box<[u8]>)> {
+/// The locks `client` owned, with their sessions, now that it is gone.
+pub fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
     with(|s| {
         let keys = s.by_client.remove(&client).unwrap_or_default();
         keys.into_iter()
             .filter_map(|key| {
-                let (owner, token) = s.owner.remove(&key)?;
-                (owner == client).then_some((key, token))
+                let session = s.by_key.remove(&key)?;
+                (session.client == client).then_some((key, session))
             })
             .collect()
     })
@@ -90,30 +175,67 @@ pub fn disconnected(client: u64) -> Vec<(KeyRef, Box<[u8]>)> {
 mod tests {
     use super::*;
 
-    fn key(name: &str) -> KeyRef {
-        (0, name.as_bytes().into())
+    fn key(db: i32, name: &str) -> KeyRef {
+        (db, name.as_bytes().into())
+    }
+
+    fn session(client: u64, token: &[u8], lock_id: u64) -> Session {
+        Session {
+            client,
+            token: token.into(),
+            lock_id,
+        }
     }
 
     #[test]
     fn latest_session_acquirer_owns_the_lock() {
-        claim(key("s1"), 101, b"t");
-        claim(key("s1"), 102, b"t");
+        claim(key(0, "s1"), 101, b"t", 1);
+        claim(key(0, "s1"), 102, b"t", 1);
         assert!(disconnected(101).is_empty());
         assert_eq!(
             disconnected(102),
-            vec![(key("s1"), b"t".to_vec().into_boxed_slice())]
+            vec![(key(0, "s1"), session(102, b"t", 1))]
         );
         assert!(disconnected(102).is_empty());
     }
 
     #[test]
     fn forgotten_session_is_not_released_on_disconnect() {
-        claim(key("s2"), 201, b"t");
-        claim(key("s3"), 201, b"u");
-        forget(&key("s2"));
+        claim(key(0, "s2"), 201, b"t", 2);
+        claim(key(0, "s3"), 201, b"u", 3);
+        forget(&key(0, "s2"));
         assert_eq!(
             disconnected(201),
-            vec![(key("s3"), b"u".to_vec().into_boxed_slice())]
+            vec![(key(0, "s3"), session(201, b"u", 3))]
+        );
+    }
+
+    #[test]
+    fn sessions_follow_rename_move_and_swapdb() {
+        claim(key(0, "s4"), 301, b"t", 4);
+        claim(key(0, "s5"), 302, b"u", 5);
+        // RENAME s4 s5: s5's old value (and session) is overwritten.
+        leaving(&key(0, "s4"));
+        arrived(&key(0, "s5"));
+        assert!(disconnected(302).is_empty());
+        // MOVE s5 3, then SWAPDB 3 7.
+        leaving(&key(0, "s5"));
+        arrived(&key(3, "s5"));
+        swapped(3, 7);
+        assert_eq!(
+            disconnected(301),
+            vec![(key(7, "s5"), session(301, b"t", 4))]
+        );
+    }
+
+    #[test]
+    fn flush_ends_the_sessions_of_its_database() {
+        claim(key(11, "a"), 401, b"t", 6);
+        claim(key(12, "b"), 401, b"t", 7);
+        flushed(Some(11));
+        assert_eq!(
+            disconnected(401),
+            vec![(key(12, "b"), session(401, b"t", 7))]
         );
     }
 }

@@ -11,7 +11,7 @@ use crate::lock::codec::State;
 use crate::lock::core::Lock;
 use crate::lock::event::Event;
 use crate::lock::lease_index::short_id;
-use crate::lock::sessions;
+use crate::lock::sessions::{self, Session};
 use crate::metrics;
 use crate::service::value::{in_key, in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
@@ -157,13 +157,18 @@ pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
     }
 }
 
-/// Releases, as if by their holder, the session lock of a connection that closed.
-pub fn end_session(ctx: &Context, key_name: &RedisString, token: &[u8], now: u64) {
+/// Releases, as if by their holder, the session lock of a connection that closed: only the
+/// lock value the session was taken on, still held by its token.
+pub fn end_session(ctx: &Context, key_name: &RedisString, session: &Session, now: u64) {
     let key = ctx.open_key_writable(key_name);
     if let Ok(Some(stored)) = in_key_mut(&key) {
+        if stored.id() != session.lock_id {
+            return;
+        }
         expire_overdue(ctx, key_name, stored, now);
         let ended = change(ctx, key_name, stored, now, |lock| {
-            lock.end_session(token, now).then_some(Event::SessionEnd)
+            lock.end_session(&session.token, now)
+                .then_some(Event::SessionEnd)
         });
         if ended.is_some() {
             metrics::SESSION_RELEASED.incr();

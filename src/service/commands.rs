@@ -68,7 +68,8 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             now,
         )
     };
-    let outcome = match in_key_mut(&key)? {
+    // The grant's outcome, and the id of the lock value it concerns.
+    let (outcome, lock_id) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
             let holds_it = stored
@@ -87,25 +88,28 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     .then_some(Event::Acquire)
                 });
             }
-            outcome
+            (outcome, stored.id())
         }
         None => {
             let mut lock = Lock::default();
             let outcome = grant(&mut lock);
+            let mut lock_id = 0;
             if outcome.is_ok() {
                 key.set_value(&LOCK_TYPE, Stored::granted(lock))
                     .map_err(|_| LockError::internal("a new lock could not be stored"))?;
                 let stored = in_key_mut(&key)?
                     .ok_or(LockError::internal("a new lock vanished from its key"))?;
                 effects::propagate(ctx, key_name, Event::Acquire, stored, None);
+                lock_id = stored.id();
             }
-            outcome
+            (outcome, lock_id)
         }
     };
     match outcome.map_err(|_| LockError::FenceExhausted)? {
         grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
             if options.session {
-                sessions::claim(waiters::key_ref(ctx, key_name), client_id(ctx), token);
+                let key_ref = waiters::key_ref(ctx, key_name);
+                sessions::claim(key_ref, client_id(ctx), token, lock_id);
             }
             if matches!(grant, Acquire::Granted { .. }) {
                 // Granted without waiting.

@@ -78,9 +78,9 @@ fn run(ctx: &Context) {
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) if !primary => {}
             Job::SessionLost(client) => {
-                for ((db, key), token) in sessions::disconnected(client) {
+                for ((db, key), session) in sessions::disconnected(client) {
                     if select_db(ctx, db) {
-                        change::end_session(ctx, &key_string(ctx, &key), &token, now);
+                        change::end_session(ctx, &key_string(ctx, &key), &session, now);
                     }
                 }
             }

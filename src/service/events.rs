@@ -30,10 +30,12 @@ impl Listener for Events {
             ServerEvent::LoadingEnded => expiry::rebuild(ctx),
             ServerEvent::Flushed(db) => {
                 leases::forget_db(db);
+                sessions::flushed(db);
                 settle_waiters_in(ctx, db);
             }
             ServerEvent::SwappedDbs(a, b) => {
                 leases::swap_dbs(a, b);
+                sessions::swapped(a, b);
                 settle_waiters_in(ctx, Some(a));
                 if b != a {
                     settle_waiters_in(ctx, Some(b));
@@ -54,6 +56,18 @@ impl Listener for Events {
 
     fn keyspace_event(ctx: &Context, event: &[u8], key: &RedisString) {
         let name = key.as_slice();
+        if sessions::any() {
+            let place = (selected_db(ctx), name.into());
+            match event {
+                b"rename_from" | b"move_from" => sessions::leaving(&place),
+                b"rename_to" | b"move_to" => sessions::arrived(&place),
+                // The key left, or another value took its place.
+                b"del" | b"expired" | b"evicted" | b"restore" | b"copy_to" => {
+                    sessions::forget(&place)
+                }
+                _ => {}
+            }
+        }
         // A lock that arrived under this name without a grant needs its lease indexed; with no
         // lock value anywhere there is nothing to look at (and other keys are left untouched).
         if metrics::KEYS.get() > 0

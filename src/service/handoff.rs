@@ -113,6 +113,7 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         return None;
     };
     let mut outcome = Ok(Acquire::Busy);
+    let lock_id = stored.id();
     change(ctx, &key_name, stored, now, |lock| {
         outcome = lock.acquire(
             &request.token,
@@ -127,7 +128,7 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     Some(match outcome {
         Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
             if request.session {
-                sessions::claim(tag.key.clone(), request.client, &request.token);
+                sessions::claim(tag.key.clone(), request.client, &request.token, lock_id);
             }
             let waited = u64::try_from(head.since.elapsed().as_micros()).unwrap_or(u64::MAX);
             metrics::ACQUIRE_WAIT.record(waited);
