@@ -4,6 +4,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
@@ -50,18 +51,26 @@ pub fn defer(ctx: &Context, job: Job) {
     }
 }
 
-/// The timer's callback.
+/// How long one run may spend on jobs before yielding to the event loop: a FLUSHALL with many
+/// waiters, or many connections closing at once, is worked off in slices so the server keeps
+/// answering in between.
+const SLICE: Duration = Duration::from_millis(2);
+
+fn next_job() -> Option<Job> {
+    let mut p = pending();
+    let job = p.jobs.pop_front()?;
+    p.queued.remove(&job);
+    Some(job)
+}
+
+/// The timer's callback: runs jobs for one slice, then leaves the rest to the next turn.
 fn run(ctx: &Context) {
-    let jobs = {
-        let mut p = pending();
-        p.armed = false;
-        p.queued.clear();
-        std::mem::take(&mut p.jobs)
-    };
+    pending().armed = false;
     let primary = is_primary(ctx);
     let original_db = selected_db(ctx);
     let now = now_ms();
-    for job in jobs {
+    let started = Instant::now();
+    while let Some(job) = next_job() {
         match job {
             Job::SettleKey((db, key)) => {
                 if select_db(ctx, db) {
@@ -85,6 +94,13 @@ fn run(ctx: &Context) {
                 }
             }
         }
+        if started.elapsed() >= SLICE {
+            break;
+        }
     }
     select_db(ctx, original_db);
+    let mut p = pending();
+    if !p.jobs.is_empty() && !p.armed {
+        p.armed = timer::create(ctx, 0, run).is_some();
+    }
 }
