@@ -532,3 +532,53 @@ fn promoted_replica_expires_leases_and_grants_larger_fences() {
     let next_long = acquire(&mut r, "long", "new", 60_000);
     assert!(next_long > next_free);
 }
+
+/// What a replica's LOCK.FENCE means (README): the answer for the state the replica has applied,
+/// with the deadline the primary set, checked against the replica's clock. While the stream is
+/// held back (`CLIENT PAUSE WRITE` on the replica pauses what its primary sends), a fence the
+/// primary already released is still current there, and a new grant is not yet; a lease past
+/// its deadline is never current, whether the expiry arrived or not. Once the replica catches
+/// up, it answers as the primary does.
+#[test]
+fn fence_on_a_replica_answers_for_the_state_it_has_applied() {
+    let (primary, replica) = pair();
+    let mut p = primary.conn();
+    let mut r = replica.conn();
+    let released = acquire(&mut p, "released", "t", 60_000);
+    let expiring = acquire(&mut p, "expiring", "t", 300);
+    wait_replica_caught_up(&primary, &replica);
+    let fence = |c: &mut Conn, key: &str, fence: i64| {
+        c.call(&["LOCK.FENCE", key, &fence.to_string()]).int()
+    };
+    assert_eq!(fence(&mut r, "released", released), 1);
+    assert_eq!(
+        r.call(&["CLIENT", "PAUSE", "10000", "WRITE"]),
+        Reply::status("OK")
+    );
+    assert_eq!(p.call(&["LOCK.RELEASE", "released", "t"]), Reply::Int(1));
+    let granted = acquire(&mut p, "granted", "t", 60_000);
+    assert_eq!(fence(&mut p, "released", released), 0);
+    assert_eq!(fence(&mut p, "granted", granted), 1);
+    // Held back: the replica still has the old state.
+    assert_eq!(fence(&mut r, "released", released), 1);
+    assert_eq!(fence(&mut r, "granted", granted), 0);
+    // The 300 ms lease ends by the replica's clock, though the expiry has not arrived.
+    let start = Instant::now();
+    wait_for("the lease to end on the replica's clock", || {
+        (fence(&mut r, "expiring", expiring) == 0).then_some(())
+    });
+    assert!(start.elapsed() < Duration::from_millis(400));
+    assert_eq!(
+        lock_field(&mut r, "expiring", "state"),
+        Reply::status("free")
+    );
+    assert_eq!(r.call(&["CLIENT", "UNPAUSE"]), Reply::status("OK"));
+    wait_replica_caught_up(&primary, &replica);
+    for (key, f) in [
+        ("released", released),
+        ("granted", granted),
+        ("expiring", expiring),
+    ] {
+        assert_eq!(fence(&mut r, key, f), fence(&mut p, key, f), "{key}");
+    }
+}
