@@ -94,6 +94,21 @@ fn leases_expire_in_other_databases() {
     assert_eq!(server.info_int("lock_held"), 0);
 }
 
+/// Database numbers beyond 16 bits keep theirs in the lease index (db 65537 is not db 1).
+#[test]
+fn leases_expire_in_databases_numbered_beyond_65535() {
+    let server = Server::start_with(Config::default().with("databases", "65538"));
+    let mut c = server.conn();
+    assert_eq!(c.call(&["SELECT", "1"]), Reply::status("OK"));
+    acquire(&mut c, "k", "in-db-1", 60_000);
+    assert_eq!(c.call(&["SELECT", "65537"]), Reply::status("OK"));
+    acquire(&mut c, "k", "in-db-65537", 100);
+    wait_until_expired(&server, 1);
+    assert_eq!(state_of(&mut c, "k"), "free");
+    assert_eq!(c.call(&["SELECT", "1"]), Reply::status("OK"));
+    assert_eq!(state_of(&mut c, "k"), "held");
+}
+
 #[test]
 fn renamed_and_moved_locks_still_expire() {
     let server = notifying_server();
