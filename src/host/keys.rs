@@ -29,32 +29,13 @@ pub fn signal_modified(ctx: &Context, key: &RedisString) {
     }
 }
 
-/// Publishes keyspace event `event` of the module class (`d`) on `key`.
-pub fn notify_module_event(ctx: &Context, event: &CStr, key: &RedisString) {
+/// Publishes keyspace event `event` of `class` on `key`: the module class (`d`) for the
+/// `lock.*` events, the generic class (`g`) for what core commands publish too (`del`).
+pub fn notify(ctx: &Context, class: NotifyEvent, event: &CStr, key: &RedisString) {
     // SAFETY: a valid context, a NUL-terminated event name and a live key string.
     unsafe {
         if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
-            notify(
-                ctx.ctx,
-                NotifyEvent::MODULE.bits(),
-                event.as_ptr(),
-                key.inner,
-            );
-        }
-    }
-}
-
-/// Publishes keyspace event `event` of the generic class (`g`) on `key`, as core commands do.
-pub fn notify_generic(ctx: &Context, event: &CStr, key: &RedisString) {
-    // SAFETY: a valid context, a NUL-terminated event name and a live key string.
-    unsafe {
-        if let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent {
-            notify(
-                ctx.ctx,
-                NotifyEvent::GENERIC.bits(),
-                event.as_ptr(),
-                key.inner,
-            );
+            notify(ctx.ctx, class.bits(), event.as_ptr(), key.inner);
         }
     }
 }

@@ -5,7 +5,7 @@
 //! depends on the replica's clock or configs. The same code announces the change locally:
 //! WATCH invalidation, the keyspace notification and the lease index.
 
-use redis_module::{Context, RedisString};
+use redis_module::{Context, NotifyEvent, RedisString};
 
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
@@ -30,7 +30,7 @@ pub fn announce(
 ) {
     keys::signal_modified(ctx, key);
     if let Some(name) = event.notification() {
-        keys::notify_module_event(ctx, name, key);
+        keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }
     let new_due = stored.due();
     if old_due != new_due {
@@ -44,7 +44,7 @@ pub fn announce(
 /// and its entry leaves the lease index.
 pub fn announce_deleted(ctx: &Context, key: &RedisString, id: u64, old_due: Option<u64>) {
     keys::signal_modified(ctx, key);
-    keys::notify_generic(ctx, c"del", key);
+    keys::notify(ctx, NotifyEvent::GENERIC, c"del", key);
     leases::reindex(ctx, id, selected_db(ctx), key.as_slice(), old_due, None);
 }
 

@@ -259,24 +259,30 @@ impl ValueType for Stored {
     }
 }
 
-/// The lock stored in an open key: `None` when the key is empty, WRONGTYPE for other types.
-pub fn in_key_mut(key: &RedisKeyWritable) -> Result<Option<&mut Stored>, LockError> {
-    match key.key_type() {
-        KeyType::Empty => Ok(None),
-        KeyType::Module => key
-            .get_value::<Stored>(&LOCK_TYPE)
-            .map_err(|_| LockError::WrongType),
+/// Whether a key of this type may hold a lock: `Ok(false)` when empty, WRONGTYPE for types
+/// other than module types (whose value is checked to be ours when it is read).
+fn may_hold_lock(key_type: KeyType) -> Result<bool, LockError> {
+    match key_type {
+        KeyType::Empty => Ok(false),
+        KeyType::Module => Ok(true),
         _ => Err(LockError::WrongType),
     }
 }
 
+/// The lock stored in an open key: `None` when the key is empty, WRONGTYPE for other types.
+pub fn in_key_mut(key: &RedisKeyWritable) -> Result<Option<&mut Stored>, LockError> {
+    if !may_hold_lock(key.key_type())? {
+        return Ok(None);
+    }
+    key.get_value::<Stored>(&LOCK_TYPE)
+        .map_err(|_| LockError::WrongType)
+}
+
 /// The lock stored in a key opened for reading.
 pub fn in_key(key: &RedisKey) -> Result<Option<&Stored>, LockError> {
-    match key.key_type() {
-        KeyType::Empty => Ok(None),
-        KeyType::Module => key
-            .get_value::<Stored>(&LOCK_TYPE)
-            .map_err(|_| LockError::WrongType),
-        _ => Err(LockError::WrongType),
+    if !may_hold_lock(key.key_type())? {
+        return Ok(None);
     }
+    key.get_value::<Stored>(&LOCK_TYPE)
+        .map_err(|_| LockError::WrongType)
 }
