@@ -166,7 +166,8 @@ chaos-ci: debug ## The reduced chaos suite that CI runs (about 3 minutes)
 # with the release module loaded: loading the module must change nothing in Redis' behaviour.
 # The suite and its runner live beside the checkout (REDIS_SUITE); it needs tclsh, which it
 # installs with apt-get when run as root. Fails on any failure beyond the stock server's.
-REDIS_SUITE ?= $(CURDIR)/../shared/redis-suite/run
+REDIS_SUITE ?= $(firstword $(wildcard $(CURDIR)/../shared/redis-suite/run /work/shared/redis-suite/run) \
+	$(CURDIR)/../shared/redis-suite/run)
 redis-suite: release ## Redis' own test suite against a server with the module loaded (0 failures)
 	@[ -x "$(REDIS_SUITE)" ] || { echo "redis-suite: $(REDIS_SUITE) not found (set REDIS_SUITE)"; exit 1; }
 	REDIS_SERVER="$$(command -v $(REDIS_SERVER))" "$(REDIS_SUITE)" "$(CURDIR)/$(RELEASE_MODULE)"
@@ -176,7 +177,8 @@ redis-suite: release ## Redis' own test suite against a server with the module l
 # writes, in total and in the module. Fails on a module leak or any invalid access; test failures
 # caused by valgrind's slowness are shown but do not fail the target.
 VALGRIND_LOG_DIR := $(CURDIR)/target/valgrind
-VALGRIND_SUITES  ?= commands waiting expiry notifications persistence replication operability
+VALGRIND_SUITES  ?= commands waiting expiry notifications persistence replication operability \
+	footprint fences sessions
 valgrind: debug ## Integration tests with redis-server under valgrind; prints leaks and invalid accesses
 	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind: not installed (Debian: apt-get install valgrind)"; exit 1; }
 	@rm -rf $(VALGRIND_LOG_DIR); mkdir -p $(VALGRIND_LOG_DIR)
