@@ -158,12 +158,13 @@ impl Server {
                 }
                 // Ready when the server on the port is ours (another test's server may have
                 // taken a port that was free a moment ago: ours then exits and we retry) and
-                // answers PING.
-                let pid = self.child.as_ref().map(Child::id);
+                // answers PING. Ours works in our directory; its pid may not be our child's
+                // (`make valgrind` starts servers through a wrapper script).
+                let ours = self.dir.path().canonicalize().ok();
                 if let Ok(mut conn) = Conn::connect(self.port, Duration::from_secs(1)) {
                     // PING also waits out loading (it answers LOADING until the data is in).
-                    if pid.is_some()
-                        && conn.try_server_pid() == pid
+                    if ours.is_some()
+                        && conn.try_server_dir() == ours
                         && conn.try_read_ping() == Some(true)
                     {
                         break true;
@@ -319,16 +320,20 @@ impl Conn {
     }
 
     /// The process id of the server on the other end, if it answers.
-    fn try_server_pid(&mut self) -> Option<u32> {
-        self.try_send(&["INFO", "server"]).ok()?;
+    /// The server's working directory (`CONFIG GET dir`), canonical.
+    fn try_server_dir(&mut self) -> Option<PathBuf> {
+        self.try_send(&["CONFIG", "GET", "dir"]).ok()?;
         match self.try_read().ok()? {
-            Reply::Bulk(info) => String::from_utf8_lossy(&info)
-                .lines()
-                .find_map(|l| l.strip_prefix("process_id:"))
-                .and_then(|v| v.trim().parse().ok()),
+            Reply::Array(items) => match items.get(1)? {
+                Reply::Bulk(dir) => Path::new(&String::from_utf8_lossy(dir).into_owned())
+                    .canonicalize()
+                    .ok(),
+                _ => None,
+            },
             _ => None,
         }
     }
+
 }
 
 /// `LOCK.INFO` as (field, value) pairs with integer values where the server sent integers.
