@@ -333,7 +333,6 @@ impl Conn {
             _ => None,
         }
     }
-
 }
 
 /// `LOCK.INFO` as (field, value) pairs with integer values where the server sent integers.
