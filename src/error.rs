@@ -36,6 +36,9 @@ pub enum LockError {
     TooManyWaiters {
         max: i64,
     },
+    /// In a cluster, the key a client waited on was deleted, possibly by a slot migration: the
+    /// client sends its command again and Redis routes it to the key's node.
+    Displaced,
     /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -68,6 +71,9 @@ impl LockError {
             LockError::TooManyWaiters { max } => {
                 format!("ERR too many waiters on this lock (lock.max-waiters is {max})")
             }
+            LockError::Displaced => "TRYAGAIN the lock's key was deleted or moved to another \
+                 node while the client waited; send the command again"
+                .into(),
             LockError::InternalCommand(name) => format!(
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),

@@ -572,3 +572,26 @@ fn waiters_on_binary_keys_with_nul_bytes_are_served() {
     assert_eq!(w.call(&[&b"LOCK.RELEASE"[..], key, b"w"]), Reply::Int(1));
     assert!(granted(&mut s) > fence);
 }
+
+/// A deleted lock with queued acquirers: a newcomer right after the DEL (here in the same
+/// transaction, before the module settles the key) does not overtake them.
+#[test]
+fn an_acquire_right_after_del_does_not_overtake_the_queue() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "k", "holder", 60_000);
+    let mut waiter = queue_waiter(&server, "k", "waiter", 60_000, 5_000);
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(c.call(&["DEL", "k"]), Reply::status("QUEUED"));
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "newcomer", "60000"]),
+        Reply::status("QUEUED")
+    );
+    assert_eq!(
+        c.call(&["EXEC"]),
+        Reply::Array(vec![Reply::Int(1), Reply::Nil])
+    );
+    let fence = granted(&mut waiter);
+    assert_eq!(fence_of(&mut c, "k"), fence);
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "waiter"]), Reply::Int(1));
+}

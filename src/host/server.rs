@@ -37,6 +37,11 @@ pub fn is_primary(ctx: &Context) -> bool {
     ctx.get_flags().contains(ContextFlags::MASTER)
 }
 
+/// True on a Redis Cluster node.
+pub fn is_cluster(ctx: &Context) -> bool {
+    ctx.get_flags().contains(ContextFlags::CLUSTER)
+}
+
 /// True while the server loads an RDB file or the AOF (also a replica's full sync).
 pub fn is_loading(ctx: &Context) -> bool {
     ctx.get_flags().contains(ContextFlags::LOADING)

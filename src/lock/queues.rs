@@ -8,7 +8,7 @@
 //!
 //! `H` is the blocked-client handle of the host; nothing here touches it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::lock::KeyRef;
@@ -39,6 +39,16 @@ pub struct Waiter<H> {
     pub handle: H,
     pub since: Instant,
     pub kind: Kind,
+}
+
+/// Why the module ended a wait itself (rather than a timeout or `CLIENT UNBLOCK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// A watcher whose grant ended.
+    Watched,
+    /// The key went away in a way that may have moved it to another node: the client is told
+    /// to send its command again, and Redis routes the retry.
+    Displaced,
 }
 
 /// What a blocked client carries (its private data): enough to find its queue entry.
@@ -74,8 +84,9 @@ impl<H> Queue<H> {
 pub struct Queues<H> {
     /// Database -> key -> queue; a key without waiters has no queue.
     dbs: HashMap<i32, HashMap<Box<[u8]>, Queue<H>>>,
-    /// Watchers taken off their queue and unblocked, until their timeout callback answers them.
-    woken: HashSet<u64>,
+    /// Waiters taken off their queue and unblocked by the module, until their timeout callback
+    /// answers them.
+    woken: HashMap<u64, Ending>,
     next_id: u64,
 }
 
@@ -83,7 +94,7 @@ impl<H> Default for Queues<H> {
     fn default() -> Self {
         Queues {
             dbs: HashMap::new(),
-            woken: HashSet::new(),
+            woken: HashMap::new(),
             next_id: 1,
         }
     }
@@ -214,13 +225,33 @@ impl<H> Queues<H> {
         }
     }
 
-    /// Records that watcher `id` was woken by the module (not by a timeout).
-    pub fn mark_woken(&mut self, id: u64) {
-        self.woken.insert(id);
+    /// Takes every waiter of `key`, acquirers and watchers.
+    pub fn take_all(&mut self, db: i32, key: &[u8]) -> Vec<Waiter<H>> {
+        let Some(keys) = self.dbs.get_mut(&db) else {
+            return Vec::new();
+        };
+        let Some(queue) = keys.remove(key) else {
+            return Vec::new();
+        };
+        if keys.is_empty() {
+            self.dbs.remove(&db);
+        }
+        let all: Vec<Waiter<H>> = queue
+            .acquirers
+            .into_values()
+            .chain(queue.watchers.into_values().flat_map(BTreeMap::into_values))
+            .collect();
+        metrics::WAITERS.add(-i64::try_from(all.len()).unwrap_or(i64::MAX));
+        all
     }
 
-    /// True (once) when watcher `id` was woken by the module.
-    pub fn take_woken(&mut self, id: u64) -> bool {
+    /// Records why the module ended waiter `id`'s wait (its timeout callback answers it).
+    pub fn mark_woken(&mut self, id: u64, ending: Ending) {
+        self.woken.insert(id, ending);
+    }
+
+    /// Why the module ended waiter `id`'s wait, if it did (once).
+    pub fn take_woken(&mut self, id: u64) -> Option<Ending> {
         self.woken.remove(&id)
     }
 }

@@ -6,7 +6,7 @@ use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString};
 
 use crate::host::keys;
-use crate::host::server::selected_db;
+use crate::host::server::{is_cluster, selected_db};
 use crate::lock::codec::State;
 use crate::lock::core::Lock;
 use crate::lock::event::Event;
@@ -136,24 +136,32 @@ pub fn settle_key(ctx: &Context, key_name: &RedisString, now: u64) {
             hand_over(ctx, key_name, stored, now);
             reclaim_if_due(ctx, &key, key_name, now);
         }
+        // In a cluster the key may have left with its slot (MIGRATE deletes it here), and
+        // nothing tells a MIGRATE from a DEL: a lock created here could be one its new node never
+        // knows. The waiters send their commands again instead, routed by Redis.
+        Ok(None) if is_cluster(ctx) => waiters::displace_all(ctx, key_name),
         Ok(None) => {
             if waiters::queued(ctx, key_name) {
-                // A fresh lock for the queue, created like any change (replicated, announced):
-                // the key's existence makes Redis serve its waiters.
-                if key
-                    .set_value(&LOCK_TYPE, Stored::new(Lock::default()))
-                    .is_ok()
-                {
-                    if let Ok(Some(stored)) = in_key_mut(&key) {
-                        effects::propagate(ctx, key_name, Event::Sync, stored, None);
-                    }
-                    waiters::signal_ready(ctx, key_name);
-                }
+                create_for_waiters(ctx, &key, key_name);
             }
             waiters::wake_watchers(ctx, key_name, &Lock::default(), now);
         }
         // Another type took the name: waiters keep waiting for it to become a lock again.
         Err(_) => {}
+    }
+}
+
+/// Creates a fresh lock in the missing `key` for the acquirers queued on it, like any change
+/// (replicated, announced): the key's existence makes Redis serve them, head first.
+pub fn create_for_waiters(ctx: &Context, key: &RedisKeyWritable, key_name: &RedisString) {
+    if key
+        .set_value(&LOCK_TYPE, Stored::new(Lock::default()))
+        .is_ok()
+    {
+        if let Ok(Some(stored)) = in_key_mut(key) {
+            effects::propagate(ctx, key_name, Event::Sync, stored, None);
+        }
+        waiters::signal_ready(ctx, key_name);
     }
 }
 

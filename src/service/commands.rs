@@ -17,7 +17,7 @@ use crate::lock::queues::{Kind, Request};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
-use crate::service::change::{change, expire_overdue, reclaim_if_due};
+use crate::service::change::{change, create_for_waiters, expire_overdue, reclaim_if_due};
 use crate::service::effects;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
@@ -89,6 +89,12 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 });
             }
             (outcome, stored.id())
+        }
+        // The key was deleted a moment ago and acquirers queue for it: a fresh lock for them,
+        // served head first; this request does not overtake them.
+        None if waiters::queued(ctx, key_name) => {
+            create_for_waiters(ctx, &key, key_name);
+            (Ok(Acquire::Busy), 0)
         }
         None => {
             let mut lock = Lock::default();

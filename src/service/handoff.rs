@@ -13,7 +13,7 @@ use crate::host::server::{key_string, now_ms};
 use crate::lock::core::Acquire;
 use crate::lock::event::Event;
 use crate::lock::floor;
-use crate::lock::queues::{Kind, Tag, Waiter};
+use crate::lock::queues::{Ending, Kind, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::change::{change, expire_overdue};
@@ -65,8 +65,10 @@ impl OnKey for Handoff {
     /// A watcher the module woke (see `waiters::wake_watchers`), or a wait that timed out or
     /// was cancelled by `CLIENT UNBLOCK`.
     fn ended(_ctx: &Context, tag: &Tag) -> CommandResult {
-        if waiters::queues().take_woken(tag.id) {
-            return Ok(RedisValue::Integer(1));
+        match waiters::queues().take_woken(tag.id) {
+            Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
+            Some(Ending::Displaced) => return Err(LockError::Displaced),
+            None => {}
         }
         waiters::remove(tag);
         if tag.watch.is_some() {

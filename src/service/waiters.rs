@@ -18,7 +18,7 @@ use crate::host::blocking::{self, BlockedClient};
 use crate::host::keys;
 use crate::host::server::selected_db;
 use crate::lock::core::Lock;
-use crate::lock::queues::{Queues, Tag, Waiter};
+use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
 use crate::metrics;
 
@@ -68,14 +68,26 @@ pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
     let current = lock.live_holder(now).map(|_| lock.fence);
     let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), current);
     for watcher in woken {
-        wake(&watcher);
+        end_wait(&watcher, Ending::Watched);
     }
 }
 
-/// Unblocks a watcher already taken off its queue; its timeout callback answers 1.
-fn wake(watcher: &Waiter<BlockedClient>) {
-    queues().mark_woken(watcher.id);
-    blocking::unblock(watcher.handle);
+/// Ends every wait on `key`, acquirers' and watchers': each is told to send its command again
+/// (see `Ending::Displaced`).
+pub fn displace_all(ctx: &Context, key: &RedisString) {
+    if !anyone_waiting() {
+        return;
+    }
+    let all = queues().take_all(selected_db(ctx), key.as_slice());
+    for waiter in all {
+        end_wait(&waiter, Ending::Displaced);
+    }
+}
+
+/// Unblocks a waiter already taken off its queue; its timeout callback answers for `ending`.
+fn end_wait(waiter: &Waiter<BlockedClient>, ending: Ending) {
+    queues().mark_woken(waiter.id, ending);
+    blocking::unblock(waiter.handle);
 }
 
 /// Removes a waiter from its queue (timeout, disconnect, `CLIENT UNBLOCK`, freed).

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod resp;
 
 use std::net::TcpListener;
@@ -62,6 +63,8 @@ pub struct Config {
     /// Arguments after the module path.
     pub module_args: Vec<String>,
     pub load_module: bool,
+    /// A Redis Cluster node: cluster mode on, with a cluster bus port of its own.
+    pub cluster: bool,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             ],
             module_args: Vec::new(),
             load_module: true,
+            cluster: false,
         }
     }
 }
@@ -98,6 +102,8 @@ impl Config {
 pub struct Server {
     child: Option<Child>,
     pub port: u16,
+    /// The cluster bus port of a cluster node (0 otherwise).
+    pub bus_port: u16,
     pub config: Config,
     dir: tempfile::TempDir,
 }
@@ -112,6 +118,7 @@ impl Server {
         let mut server = Server {
             child: None,
             port: 0,
+            bus_port: 0,
             config,
             dir,
         };
@@ -134,6 +141,17 @@ impl Server {
             cmd.arg("--daemonize").arg("no");
             for (name, value) in &self.config.server_args {
                 cmd.arg(format!("--{name}")).arg(value);
+            }
+            if self.config.cluster {
+                // The bus port is not port + 10000, which may be out of range or taken.
+                self.bus_port = free_port();
+                cmd.args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ]);
+                cmd.arg("--cluster-port").arg(self.bus_port.to_string());
             }
             if self.config.load_module {
                 cmd.arg("--loadmodule").arg(module_path());
@@ -204,6 +222,11 @@ impl Server {
         let hello = conn.call(&["HELLO", "3"]);
         assert!(matches!(hello, Reply::Map(_)), "{hello:?}");
         conn
+    }
+
+    /// False once the server was killed or shut down (and not restarted).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     pub fn pid(&self) -> u32 {
