@@ -123,3 +123,143 @@ fn waiters_of_a_migrating_slot_are_told_to_retry_at_once() {
     assert_eq!(target.call(&["LOCK.RELEASE", key, "holder"]), Reply::Int(1));
     assert!(acquire(&mut target, key, "w", 60_000) > fence);
 }
+
+/// A key served by node `node`, named from `prefix`.
+fn key_on(cluster: &Cluster, node: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}:{i}"))
+        .find(|k| cluster.owner_of(k) == node)
+        .expect("a key")
+}
+
+/// Held, free and session locks of one slot move to another node with MIGRATE: holder, token,
+/// deadline and fence arrive intact, the new node's fence floor rises (its next grant of any key
+/// exceeds the fences it received), the lease still ends on time there with its `lock.expired`
+/// event, and a session lock goes on as a plain lease (its connection was to the old node).
+#[test]
+fn slot_migration_carries_held_free_and_session_locks_intact() {
+    let config = cluster_config().with("notify-keyspace-events", "Kd");
+    let cluster = Cluster::start_with(3, false, config);
+    let (held, free, session) = ("{moving}:held", "{moving}:free", "{moving}:session");
+    let slot = key_slot(held);
+    let from = cluster.owner_of(held);
+    let to = (from + 1) % 3;
+    let mut c = cluster.nodes[from].conn();
+    // A fence far ahead of the clock (as a busy node's counter may be): only the floor can
+    // carry the target's next grants above it.
+    let format = LockDumpFormat::learn(&mut Server::start().conn());
+    let ahead = (now_ms() + 30 * 86_400_000) << 11;
+    assert_eq!(
+        restore(&mut c, free, &format.payload(&tombstone_fields(ahead))),
+        Reply::status("OK")
+    );
+    let held_fence = acquire(&mut c, held, "holder", 1_500);
+    let mut owner = cluster.nodes[from].conn();
+    let session_fence = owner
+        .call(&["LOCK.ACQUIRE", session, "s", "60000", "SESSION"])
+        .int();
+    let mut events = cluster.nodes[to].conn();
+    let channel = format!("__keyspace@0__:{held}");
+    assert_eq!(
+        events.call(&["SUBSCRIBE", &channel]).items()[0],
+        Reply::bulk("subscribe")
+    );
+    cluster.migrate_slot(slot, from, to);
+    let mut t = cluster.nodes[to].conn();
+    assert_eq!(state_of(&mut t, held), "held");
+    assert_eq!(fence_of(&mut t, held), held_fence);
+    let ttl = lock_field(&mut t, held, "ttl").int();
+    assert!((1..=1_500).contains(&ttl), "ttl {ttl}");
+    assert_eq!(
+        t.call(&["LOCK.RENEW", held, "other", "1500"]),
+        Reply::Int(0)
+    );
+    assert_eq!(
+        t.call(&["LOCK.FENCE", held, &held_fence.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(state_of(&mut t, free), "free");
+    assert_eq!(fence_of(&mut t, free), ahead as i64);
+    assert_eq!(fence_of(&mut t, session), session_fence);
+    assert_eq!(lock_field(&mut t, session, "session"), Reply::Int(1));
+    // The target's floor: a key it served all along gets a fence above the one that arrived.
+    let resident = key_on(&cluster, to, "resident");
+    assert!(acquire(&mut t, &resident, "t", 60_000) > ahead as i64);
+    // The lease ends on time on the new node, with its event there.
+    assert_eq!(next_event(&mut events), "lock.expired");
+    assert_eq!(state_of(&mut t, held), "free");
+    assert_eq!(cluster.nodes[to].info_int("lock_expired"), 1);
+    // The session's connection closing on the old node leaves the lock a plain lease.
+    drop(owner);
+    assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
+    assert_eq!(state_of(&mut t, session), "held");
+    assert_eq!(t.call(&["LOCK.RELEASE", session, "s"]), Reply::Int(1));
+}
+
+/// Node `node`'s role: "master" or "slave".
+fn role(cluster: &Cluster, node: usize) -> String {
+    cluster.nodes[node]
+        .info_field("replication", "role")
+        .expect("role")
+}
+
+/// Failover to a replica, graceful (`CLUSTER FAILOVER`) or by `kill -9` of the primary: the old
+/// primary's waiters get an error, never a grant; locks the replica acknowledged (WAIT 1) survive
+/// with holder and fence; the new primary's grants exceed every fence it received.
+fn failover(graceful: bool) {
+    let cluster = Cluster::start(3, true);
+    let key = "{failover}:lock";
+    let primary = cluster.owner_of(key);
+    let replica = cluster.replica_of(primary);
+    let mut c = cluster.nodes[primary].conn();
+    let fence = acquire(&mut c, key, "holder", 60_000);
+    assert_eq!(c.call(&["WAIT", "1", "5000"]), Reply::Int(1));
+    let mut waiter = blocked_in(
+        &cluster,
+        primary,
+        &["LOCK.ACQUIRE", key, "w", "60000", "WAIT", "0"],
+    );
+    let mut cluster = cluster;
+    if graceful {
+        let reply = cluster.nodes[replica].conn().call(&["CLUSTER", "FAILOVER"]);
+        assert_eq!(reply, Reply::status("OK"));
+        let answer = waiter.read();
+        assert!(
+            matches!(&answer, Reply::Error(e) if e.starts_with("UNBLOCKED")),
+            "{answer:?}"
+        );
+    } else {
+        cluster.nodes[primary].kill();
+        assert!(waiter.try_read().is_err(), "the waiter's connection ends");
+    }
+    wait_for("the replica to take over", || {
+        (role(&cluster, replica) == "master").then_some(())
+    });
+    cluster.wait_ok();
+    assert_eq!(cluster.owner_of(key), replica);
+    let mut r = cluster.nodes[replica].conn();
+    assert_eq!(state_of(&mut r, key), "held");
+    assert_eq!(fence_of(&mut r, key), fence);
+    assert_eq!(
+        r.call(&["LOCK.FENCE", key, &fence.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(r.call(&["LOCK.RELEASE", key, "holder"]), Reply::Int(1));
+    assert!(acquire(&mut r, key, "next", 60_000) > fence);
+    let resident = key_on(&cluster, replica, "resident");
+    assert!(acquire(&mut r, &resident, "t", 60_000) > fence);
+    if graceful {
+        assert_eq!(role(&cluster, primary), "slave");
+        assert_eq!(cluster.nodes[primary].info_int("lock_waiters"), 0);
+    }
+}
+
+#[test]
+fn a_graceful_failover_keeps_acknowledged_locks_and_never_grants_the_old_waiters() {
+    failover(true);
+}
+
+#[test]
+fn a_primary_killed_hands_acknowledged_locks_to_its_replica() {
+    failover(false);
+}
