@@ -263,3 +263,63 @@ fn a_graceful_failover_keeps_acknowledged_locks_and_never_grants_the_old_waiters
 fn a_primary_killed_hands_acknowledged_locks_to_its_replica() {
     failover(false);
 }
+
+/// A key whose slot is `slot`, named from `prefix`.
+fn key_in_slot(slot: u16, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}:{i}"))
+        .find(|k| key_slot(k) == slot)
+        .expect("a key")
+}
+
+/// The lowest slot node `node` serves: `redis-cli --cluster reshard` moves a node's slots from
+/// its lowest up.
+fn first_slot_of(cluster: &Cluster, node: usize) -> u16 {
+    (0..SLOTS)
+        .find(|s| cluster.owner_of_slot(*s) == node)
+        .expect("a slot")
+}
+
+/// `redis-cli --cluster reshard`, the operator's tool, moves a slot with a held lock and one
+/// with waiters: the lock arrives intact, the waiters are told to retry.
+#[test]
+fn redis_cli_reshard_moves_locks_intact() {
+    let redis_cli = std::env::var_os("REDIS_CLI").unwrap_or_else(|| "redis-cli".into());
+    let cluster = Cluster::start(3, false);
+    let (from, to) = (0, 1);
+    let slot = first_slot_of(&cluster, from);
+    let held = key_in_slot(slot, "reshard");
+    let mut c = cluster.nodes[from].conn();
+    let fence = acquire(&mut c, &held, "holder", 60_000);
+    let mut waiter = blocked_in(
+        &cluster,
+        from,
+        &["LOCK.ACQUIRE", &held, "w", "60000", "WAIT", "0"],
+    );
+    let output = std::process::Command::new(&redis_cli)
+        .args([
+            "--cluster",
+            "reshard",
+            &format!("127.0.0.1:{}", cluster.nodes[from].port),
+        ])
+        .args([
+            "--cluster-from",
+            &cluster.ids[from],
+            "--cluster-to",
+            &cluster.ids[to],
+        ])
+        .args(["--cluster-slots", "1", "--cluster-yes"])
+        .output()
+        .expect("run redis-cli (install redis-tools or set REDIS_CLI)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert_eq!(waiter.read(), Reply::error(TRYAGAIN));
+    cluster.wait_ok();
+    assert_eq!(cluster.owner_of(&held), to);
+    let mut t = cluster.nodes[to].conn();
+    assert_eq!(fence_of(&mut t, &held), fence);
+    assert_eq!(t.call(&["LOCK.RELEASE", &held, "holder"]), Reply::Int(1));
+}
