@@ -154,13 +154,24 @@ CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \
 	echo; echo "== chaos ($(1) scale): per scenario"; cat $(CHAOS_REPORT_FILE) 2>/dev/null; \
 	exit $$status
 
-.PHONY: chaos chaos-ci valgrind redis-suite
+.PHONY: chaos chaos-ci valgrind redis-suite cluster cluster-stop
 
 chaos: debug ## Chaos suite at full scale (faults, fenced-store oracle, 1M+ fuzzed commands); prints counts
 	@$(call CHAOS_RUN,full,3000)
 
 chaos-ci: debug ## The reduced chaos suite that CI runs (about 3 minutes)
 	@$(call CHAOS_RUN,ci,300)
+
+# A local Redis Cluster for trying the module out (.ci/cluster): 6 nodes on PORTS (3 primaries,
+# 3 replicas; bus ports +10000), every node with the release module and AOF on, data in
+# ./data/cluster. A second `make cluster` restarts the same cluster; rm -rf data/cluster starts
+# afresh. `make cluster-stop` stops exactly the nodes it started (their pid files).
+PORTS ?= 7001 7002 7003 7004 7005 7006
+cluster: release ## Start a local Redis Cluster (3 primaries + 3 replicas) with the module; PORTS=...
+	@PORTS="$(PORTS)" DATA=data/cluster REDIS_SERVER="$(REDIS_SERVER)" .ci/cluster start "$(RELEASE_MODULE)"
+
+cluster-stop: ## Stop the nodes `make cluster` started
+	@PORTS="$(PORTS)" DATA=data/cluster .ci/cluster stop
 
 # Redis 7.0.15's own test suite (external-server mode, about 5 minutes) against a redis-server
 # with the release module loaded: loading the module must change nothing in Redis' behaviour.

@@ -323,3 +323,107 @@ fn redis_cli_reshard_moves_locks_intact() {
     assert_eq!(fence_of(&mut t, &held), fence);
     assert_eq!(t.call(&["LOCK.RELEASE", &held, "holder"]), Reply::Int(1));
 }
+
+/// Stops what `.ci/cluster start` started, however the test ends.
+struct ScriptCluster {
+    ports: String,
+    data: std::path::PathBuf,
+}
+
+impl ScriptCluster {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/cluster");
+        std::process::Command::new(script)
+            .args(args)
+            .env("PORTS", &self.ports)
+            .env("DATA", &self.data)
+            .env("REDIS_SERVER", redis_server_binary())
+            .output()
+            .expect("run .ci/cluster")
+    }
+}
+
+impl Drop for ScriptCluster {
+    fn drop(&mut self) {
+        self.run(&["stop"]);
+    }
+}
+
+/// Six free ports whose cluster bus ports (+10000) are free too.
+fn cluster_ports() -> Vec<u16> {
+    let mut ports = Vec::new();
+    while ports.len() < 6 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        if port < 55_000
+            && !ports.contains(&port)
+            && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// `make cluster`'s script starts six nodes with the module, three primaries and three replicas,
+/// serving every slot; `make cluster-stop`'s stops every one of them.
+#[test]
+fn the_make_cluster_script_starts_and_stops_a_working_cluster() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let ports = cluster_ports();
+    let cluster = ScriptCluster {
+        ports: ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(" "),
+        data: data.path().to_path_buf(),
+    };
+    let started = cluster.run(&["start", module_path().to_str().expect("path")]);
+    assert!(
+        started.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&started.stdout),
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let mut c = Conn::connect(ports[0], PATIENCE).expect("connect");
+    let info = c.call(&["CLUSTER", "INFO"]).text();
+    assert!(info.contains("cluster_state:ok"), "{info}");
+    assert!(info.contains("cluster_size:3"), "{info}");
+    let key = "{order:42}:lock";
+    let slots = c.call(&["CLUSTER", "SLOTS"]);
+    let port = slots
+        .items()
+        .iter()
+        .find_map(|r| {
+            let r = r.items();
+            let slot = i64::from(key_slot(key));
+            (r[0].int() <= slot && slot <= r[1].int()).then(|| r[2].items()[1].int())
+        })
+        .expect("an owner");
+    let mut owner = Conn::connect(port as u16, PATIENCE).expect("connect");
+    assert!(acquire(&mut owner, key, "t", 60_000) > 0);
+    let pids: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(data.path().join(p.to_string()).join("redis.pid"))
+                .expect("pid file")
+                .trim()
+                .to_string()
+        })
+        .collect();
+    let stopped = cluster.run(&["stop"]);
+    assert!(String::from_utf8_lossy(&stopped.stdout).contains("stopped 6 node(s)"));
+    for pid in pids {
+        // Gone, or a zombie waiting for whoever adopted the daemon to reap it.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().next());
+        assert!(
+            matches!(state, None | Some("Z") | Some("X")),
+            "node {pid} still runs: {stat}"
+        );
+    }
+}
