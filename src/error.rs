@@ -29,6 +29,8 @@ pub enum LockError {
     /// after the command name from 1. Never echoed: it may be a token put there by mistake.
     UnknownOption {
         position: usize,
+        /// The options the command takes, for the message.
+        expected: &'static str,
     },
     RepeatedOption(&'static str),
     FenceExhausted,
@@ -39,6 +41,16 @@ pub enum LockError {
     /// In a cluster, the key a client waited on was deleted, possibly by a slot migration: the
     /// client sends its command again and Redis routes it to the key's node.
     Displaced,
+    /// SYNC: the replicas did not acknowledge in time. `undone`: a new grant, taken back.
+    NotAcknowledged {
+        undone: bool,
+        replicas: u64,
+        timeout_ms: u64,
+    },
+    /// SYNC where the client cannot wait (MULTI, scripts).
+    SyncCannotWait,
+    /// A wait for replicas ended by `CLIENT UNBLOCK`.
+    SyncCancelled,
     /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -63,9 +75,9 @@ impl LockError {
             LockError::TokenTooLong { max } => {
                 format!("ERR invalid token: longer than lock.max-token-len ({max} bytes)")
             }
-            LockError::UnknownOption { position } => format!(
-                "ERR unknown option at argument {position} (expected WAIT, REENTRANT or SESSION)"
-            ),
+            LockError::UnknownOption { position, expected } => {
+                format!("ERR unknown option at argument {position} (expected {expected})")
+            }
             LockError::RepeatedOption(opt) => format!("ERR option {opt} given more than once"),
             LockError::FenceExhausted => "ERR fence space exhausted for this key".into(),
             LockError::TooManyWaiters { max } => {
@@ -74,6 +86,28 @@ impl LockError {
             LockError::Displaced => "TRYAGAIN the lock's key was deleted or moved to another \
                  node while the client waited; send the command again"
                 .into(),
+            LockError::NotAcknowledged {
+                undone: true,
+                replicas,
+                timeout_ms,
+            } => format!(
+                "NOREPLICAS the grant was not acknowledged by {replicas} replica(s) within \
+                 {timeout_ms} ms and was undone"
+            ),
+            LockError::NotAcknowledged {
+                undone: false,
+                replicas,
+                timeout_ms,
+            } => format!(
+                "NOREPLICAS the change was not acknowledged by {replicas} replica(s) within \
+                 {timeout_ms} ms: a failover may lose it"
+            ),
+            LockError::SyncCannotWait => "ERR SYNC cannot wait for replicas inside MULTI or a \
+                 script; send WAIT after EXEC instead"
+                .into(),
+            LockError::SyncCancelled => {
+                "UNBLOCKED the wait for replicas was cancelled; a new grant was undone".into()
+            }
             LockError::InternalCommand(name) => format!(
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),
@@ -112,9 +146,13 @@ mod tests {
 
     #[test]
     fn an_unknown_option_is_named_by_its_position_only() {
+        let error = LockError::UnknownOption {
+            position: 4,
+            expected: "SYNC",
+        };
         assert_eq!(
-            LockError::UnknownOption { position: 4 }.reply(),
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT or SESSION)"
+            error.reply(),
+            "ERR unknown option at argument 4 (expected SYNC)"
         );
     }
 }

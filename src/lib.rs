@@ -45,6 +45,15 @@ pub const SINCE: &CStr = c"0.1.0";
 const KEY: ArgDef = ArgDef::new(c"key", ArgKind::Key);
 const TOKEN: ArgDef = ArgDef::new(c"token", ArgKind::String);
 const TTL: ArgDef = ArgDef::new(c"ttl-ms", ArgKind::Integer);
+const SYNC: ArgDef = ArgDef::new(
+    c"sync",
+    ArgKind::Block(&[
+        ArgDef::new(c"numreplicas", ArgKind::Integer),
+        ArgDef::new(c"timeout-ms", ArgKind::Integer),
+    ]),
+)
+.token(c"SYNC")
+.optional();
 
 pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
@@ -62,6 +71,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"timeout-ms", ArgKind::Integer).token(c"WAIT").optional(),
             ArgDef::new(c"reentrant", ArgKind::PureToken).token(c"REENTRANT").optional(),
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
+            SYNC,
         ],
         acl: c"",
     },
@@ -79,12 +89,12 @@ pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: c"lock.renew",
         callback: entry::<LockRenew>,
-        flags: c"write fast",
-        arity: 4,
+        flags: c"write blocking",
+        arity: -4,
         key: Some(KeyAccess::ReadWrite),
         summary: c"Extends the lease to ttl-ms from now if the token holds the lock.",
         complexity: c"O(1)",
-        args: &[KEY, TOKEN, TTL],
+        args: &[KEY, TOKEN, TTL, SYNC],
         acl: c"",
     },
     CommandDef {

@@ -145,6 +145,9 @@ pub static RENEW_FAILED: Counter = Counter::new();
 pub static EXPIRED: Counter = Counter::new();
 pub static FORCED: Counter = Counter::new();
 pub static SESSION_RELEASED: Counter = Counter::new();
+/// SYNC replies sent once the replicas acknowledged, and those that gave up.
+pub static SYNC_CONFIRMED: Counter = Counter::new();
+pub static SYNC_FAILED: Counter = Counter::new();
 /// Free locks deleted after `lock.tombstone-ttl`.
 pub static RECLAIMED: Counter = Counter::new();
 pub static FENCE_CHECKS: Counter = Counter::new();
@@ -169,6 +172,8 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("forced", c(&FORCED)),
         ("session_released", c(&SESSION_RELEASED)),
         ("reclaimed", c(&RECLAIMED)),
+        ("sync_confirmed", c(&SYNC_CONFIRMED)),
+        ("sync_failed", c(&SYNC_FAILED)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
         ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),

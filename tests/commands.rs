@@ -287,7 +287,7 @@ fn bad_tokens_and_options_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"],
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT or SESSION)",
+            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION or SYNC)",
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"],

@@ -133,6 +133,8 @@ pub enum ArgKind {
     String,
     Integer,
     PureToken,
+    /// Several arguments after one token, e.g. `SYNC numreplicas timeout-ms`.
+    Block(&'static [ArgDef]),
 }
 
 /// One argument as COMMAND DOCS shows it.
@@ -162,12 +164,33 @@ impl ArgDef {
         self
     }
 
-    fn to_raw(self) -> raw::RedisModuleCommandArg {
-        let type_ = match self.kind {
-            ArgKind::Key => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
-            ArgKind::String => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
-            ArgKind::Integer => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
-            ArgKind::PureToken => raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+    /// The argument as COMMAND DOCS takes it; a block's arguments go into `storage`, which
+    /// must live until Redis has copied them.
+    fn to_raw(
+        self,
+        storage: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+    ) -> raw::RedisModuleCommandArg {
+        let (type_, subargs) = match self.kind {
+            ArgKind::Key => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY,
+                None,
+            ),
+            ArgKind::String => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING,
+                None,
+            ),
+            ArgKind::Integer => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER,
+                None,
+            ),
+            ArgKind::PureToken => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN,
+                None,
+            ),
+            ArgKind::Block(args) => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                Some(raw_args(args, storage)),
+            ),
         };
         raw::RedisModuleCommandArg {
             name: self.name.as_ptr(),
@@ -182,10 +205,24 @@ impl ArgDef {
             since: ptr::null(),
             flags: self.flags as c_int,
             deprecated_since: ptr::null(),
-            subargs: ptr::null_mut(),
+            subargs: subargs.unwrap_or(ptr::null_mut()),
             display_text: ptr::null(),
         }
     }
+}
+
+/// `args` as a zero-terminated array in `storage`; the pointer stays valid while `storage` lives
+/// (moving a Vec into it does not move its elements).
+fn raw_args(
+    args: &[ArgDef],
+    storage: &mut Vec<Vec<raw::RedisModuleCommandArg>>,
+) -> *mut raw::RedisModuleCommandArg {
+    let mut list: Vec<raw::RedisModuleCommandArg> =
+        args.iter().map(|a| a.to_raw(storage)).collect();
+    list.push(zeroed_arg());
+    let pointer = list.as_mut_ptr();
+    storage.push(list);
+    pointer
 }
 
 /// One row of the module's command table.
@@ -285,8 +322,8 @@ pub fn create_command(
         def.key.map_or_else(zeroed_key_spec, first_key_spec),
         zeroed_key_spec(),
     ];
-    let mut args: Vec<raw::RedisModuleCommandArg> = def.args.iter().map(|a| a.to_raw()).collect();
-    args.push(zeroed_arg());
+    let mut storage = Vec::new();
+    let args = raw_args(def.args, &mut storage);
     let version = raw::RedisModuleCommandInfoVersion {
         version: 1,
         sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
@@ -302,11 +339,11 @@ pub fn create_command(
         tips: ptr::null(),
         arity: def.arity,
         key_specs: key_specs.as_mut_ptr(),
-        args: args.as_mut_ptr(),
+        args,
     };
     // SAFETY: `command` is the registered command; `info` and everything it points to (static
-    // strings, the local key spec and argument arrays, each with its zeroed terminator) live
-    // until the call returns, and Redis copies what it keeps.
+    // strings, the local key spec array and the argument arrays in `storage`, each with its
+    // zeroed terminator) live until the call returns, and Redis copies what it keeps.
     if unsafe { set_info(command, &info) } == ERR {
         return Err(format!("cannot set command info of {name}"));
     }

@@ -79,6 +79,26 @@ pub fn replicate_key_state(
     }
 }
 
+/// Asks every replica to acknowledge its replication offset now (`REPLCONF GETACK *`, what WAIT
+/// sends), instead of within the second it would anyway. Call it outside commands (a timer), so
+/// that it travels on its own, and not while `server::avoid_replica_traffic()`.
+pub fn request_replica_acks(ctx: &Context) {
+    // SAFETY: reading the API table Redis filled in at load.
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    // SAFETY: a valid context; "A" keeps the command out of the AOF, "c" are C strings.
+    unsafe {
+        replicate(
+            ctx.ctx,
+            c"REPLCONF".as_ptr(),
+            c"Acc".as_ptr(),
+            c"GETACK".as_ptr(),
+            c"*".as_ptr(),
+        );
+    }
+}
+
 /// Hides the argument at `pos` (a token) from SLOWLOG, MONITOR and the command log.
 pub fn redact(ctx: &Context, pos: i32) {
     // SAFETY: a valid context; Redis checks `pos` against the argument count.

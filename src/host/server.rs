@@ -113,3 +113,58 @@ pub fn info_field(ctx: &Context, section: &CStr, field: &CStr) -> Option<String>
         text
     }
 }
+
+/// What a primary knows of its replicas, read from INFO replication without running INFO: its
+/// replication offset, and the offset each online replica has acknowledged.
+pub fn replication_acks(ctx: &Context) -> Option<(i64, Vec<i64>)> {
+    // SAFETY: reading the API table Redis filled in at load.
+    let (get, signed, text, free) = unsafe {
+        (
+            raw::RedisModule_GetServerInfo?,
+            raw::RedisModule_ServerInfoGetFieldSigned?,
+            raw::RedisModule_ServerInfoGetFieldC?,
+            raw::RedisModule_FreeServerInfo?,
+        )
+    };
+    // SAFETY: a valid context and NUL-terminated names; every field is read (and its text
+    // copied) before the info data is freed, exactly once.
+    unsafe {
+        let info = get(ctx.ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let mut err: std::ffi::c_int = 0;
+        let offset = signed(info, c"master_repl_offset".as_ptr(), &mut err);
+        let ok = err == 0;
+        let replicas = signed(info, c"connected_slaves".as_ptr(), &mut err).max(0);
+        let mut acked = Vec::new();
+        for n in 0..replicas {
+            let Ok(name) = std::ffi::CString::new(format!("slave{n}")) else {
+                continue;
+            };
+            let line = text(info, name.as_ptr());
+            if line.is_null() {
+                continue;
+            }
+            let line = CStr::from_ptr(line).to_string_lossy();
+            if line.split(',').any(|f| f == "state=online") {
+                if let Some(ack) = line
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("offset="))
+                    .and_then(|v| v.parse().ok())
+                {
+                    acked.push(ack);
+                }
+            }
+        }
+        free(ctx.ctx, info);
+        ok.then_some((offset, acked))
+    }
+}
+
+/// True while the server must not send anything of its own to replicas (CLIENT PAUSE, a
+/// failover in progress): replicating then would break the failover or abort the server.
+pub fn avoid_replica_traffic() -> bool {
+    // SAFETY: the call only reads server state; its presence is checked.
+    unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|f| f() != 0) }
+}

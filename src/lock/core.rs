@@ -179,6 +179,16 @@ impl Lock {
         was_held
     }
 
+    /// Takes back the grant with `fence` from `token` (all its holds), when that grant is the
+    /// current one: a grant its replicas never acknowledged. True when it did.
+    pub fn revoke(&mut self, token: &[u8], fence: u64, now: u64) -> bool {
+        let current = self.fence == fence && self.live_holder_mut(token, now).is_some();
+        if current {
+            self.holder = None;
+        }
+        current
+    }
+
     /// True when `fence` is the fence of the current, unexpired holder.
     pub fn fence_is_current(&self, fence: u64, now: u64) -> bool {
         self.is_held(now) && self.fence == fence
@@ -368,6 +378,20 @@ mod tests {
         granted(lock.acquire(b"c", 1000, false, false, fence, T0));
         assert!(!lock.end_session(b"c", T0));
         assert!(lock.is_held(T0));
+    }
+
+    #[test]
+    fn revoke_takes_back_only_that_grant_of_that_token() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.acquire(b"a", 1000, true, false, 0, T0));
+        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
+        assert!(!lock.revoke(b"b", fence, T0));
+        assert!(!lock.revoke(b"a", fence + 1, T0));
+        assert!(lock.revoke(b"a", fence, T0));
+        assert!(!lock.is_held(T0));
+        let next = granted(lock.acquire(b"c", 1000, false, false, fence, T0));
+        assert!(!lock.revoke(b"a", fence, T0));
+        assert!(lock.fence_is_current(next, T0));
     }
 
     #[test]

@@ -11,8 +11,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+use crate::error::LockError;
 use crate::lock::KeyRef;
 use crate::metrics;
+
+/// `SYNC numreplicas timeout-ms`: the reply waits until that many replicas acknowledged the
+/// change, for at most that long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SyncRequest {
+    pub replicas: u64,
+    pub timeout_ms: u64,
+}
 
 /// What a queued acquirer asked for.
 #[derive(Clone, Debug)]
@@ -22,6 +31,7 @@ pub struct Request {
     pub reentrant: bool,
     pub session: bool,
     pub client: u64,
+    pub sync: Option<SyncRequest>,
 }
 
 #[derive(Debug)]
@@ -42,13 +52,15 @@ pub struct Waiter<H> {
 }
 
 /// Why the module ended a wait itself (rather than a timeout or `CLIENT UNBLOCK`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ending {
     /// A watcher whose grant ended.
     Watched,
     /// The key went away in a way that may have moved it to another node: the client is told
     /// to send its command again, and Redis routes the retry.
     Displaced,
+    /// A wait for replica acknowledgement ended: the reply, or why there is none.
+    Answered(Result<i64, LockError>),
 }
 
 /// What a blocked client carries (its private data): enough to find its queue entry.
@@ -193,6 +205,16 @@ impl<H> Queues<H> {
             .is_some_and(|(head, _)| *head == id)
     }
 
+    /// True when the first acquirer queued on `key` asked for SYNC (its answer waits for
+    /// replicas).
+    pub fn head_syncs(&self, db: i32, key: &[u8]) -> bool {
+        self.queue(db, key)
+            .and_then(|q| q.acquirers.first_key_value())
+            .is_some_and(|(_, w)| {
+                matches!(&w.kind, Kind::Acquire(r) if r.sync.is_some_and(|s| s.replicas > 0))
+            })
+    }
+
     /// Takes the watchers of `key` whose wait is over: all when the lock is free (`current` is
     /// `None`), else those that waited on a grant other than the current one.
     pub fn take_watchers(&mut self, db: i32, key: &[u8], current: Option<u64>) -> Vec<Waiter<H>> {
@@ -277,6 +299,7 @@ mod tests {
                 reentrant: false,
                 session: false,
                 client: 1,
+                sync: None,
             }),
         };
         Waiter {

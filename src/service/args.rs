@@ -7,6 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
+use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
 /// arithmetic would overflow. 0 means no limit.
@@ -78,18 +79,67 @@ pub fn fence(arg: &RedisString) -> Result<u64, LockError> {
         })
 }
 
+/// `numreplicas timeout-ms` after the word SYNC.
+fn sync_option<'a>(
+    rest: &mut impl Iterator<Item = (usize, &'a RedisString)>,
+) -> Result<SyncRequest, LockError> {
+    let mut next = |name| {
+        rest.next()
+            .map(|(_, arg)| arg)
+            .ok_or(LockError::BadInteger {
+                name,
+                detail: "missing after SYNC",
+            })
+    };
+    let replicas = next("numreplicas")?;
+    let replicas = parse_integer(replicas).ok_or(LockError::BadInteger {
+        name: "numreplicas",
+        detail: "not an integer",
+    })?;
+    let replicas = u64::try_from(replicas).map_err(|_| LockError::BadInteger {
+        name: "numreplicas",
+        detail: "must not be negative",
+    })?;
+    let timeout_ms = duration(next("SYNC timeout-ms")?, "SYNC timeout-ms")?;
+    if timeout_ms > MAX_TIMEOUT_MS as u64 {
+        return Err(LockError::BadInteger {
+            name: "SYNC timeout-ms",
+            detail: "too large",
+        });
+    }
+    Ok(SyncRequest {
+        replicas,
+        timeout_ms,
+    })
+}
+
+/// A named option was given twice.
+fn once<T>(slot: &Option<T>, name: &'static str) -> Result<(), LockError> {
+    match slot {
+        Some(_) => Err(LockError::RepeatedOption(name)),
+        None => Ok(()),
+    }
+}
+
+/// An unknown option at `position`: redacted from SLOWLOG and MONITOR like the token (it may be
+/// one, put in the wrong place), and never echoed.
+fn unknown(ctx: &Context, position: usize, expected: &'static str) -> LockError {
+    redact(ctx, i32::try_from(position).unwrap_or(i32::MAX));
+    LockError::UnknownOption { position, expected }
+}
+
 /// The options of `LOCK.ACQUIRE`, after key, token and ttl-ms.
 #[derive(Default)]
 pub struct AcquireOptions {
     pub wait: Option<u64>,
     pub reentrant: bool,
     pub session: bool,
+    pub sync: Option<SyncRequest>,
 }
 
 impl AcquireOptions {
     /// Parses the options, the first of them at argument `first` (counted after the command
-    /// name from 1). An unknown option is redacted from SLOWLOG and MONITOR, like the token: it
-    /// may be one, put in the wrong place.
+    /// name from 1).
     pub fn parse(
         ctx: &Context,
         args: &[RedisString],
@@ -100,9 +150,7 @@ impl AcquireOptions {
         while let Some((at, arg)) = rest.next() {
             let word = arg.as_slice();
             if word.eq_ignore_ascii_case(b"WAIT") {
-                if options.wait.is_some() {
-                    return Err(LockError::RepeatedOption("WAIT"));
-                }
+                once(&options.wait, "WAIT")?;
                 let (_, value) = rest.next().ok_or(LockError::BadInteger {
                     name: "timeout-ms",
                     detail: "missing after WAIT",
@@ -118,12 +166,32 @@ impl AcquireOptions {
                     return Err(LockError::RepeatedOption("SESSION"));
                 }
                 options.session = true;
+            } else if word.eq_ignore_ascii_case(b"SYNC") {
+                once(&options.sync, "SYNC")?;
+                options.sync = Some(sync_option(&mut rest)?);
             } else {
-                let position = first + at;
-                redact(ctx, i32::try_from(position).unwrap_or(i32::MAX));
-                return Err(LockError::UnknownOption { position });
+                return Err(unknown(ctx, first + at, "WAIT, REENTRANT, SESSION or SYNC"));
             }
         }
         Ok(options)
     }
+}
+
+/// The options of `LOCK.RENEW`, after key, token and ttl-ms: `[SYNC numreplicas timeout-ms]`.
+pub fn renew_options(
+    ctx: &Context,
+    args: &[RedisString],
+    first: usize,
+) -> Result<Option<SyncRequest>, LockError> {
+    let mut sync = None;
+    let mut rest = args.iter().enumerate();
+    while let Some((at, arg)) = rest.next() {
+        if arg.as_slice().eq_ignore_ascii_case(b"SYNC") {
+            once(&sync, "SYNC")?;
+            sync = Some(sync_option(&mut rest)?);
+        } else {
+            return Err(unknown(ctx, first + at, "SYNC"));
+        }
+    }
+    Ok(sync)
 }

@@ -16,6 +16,7 @@ use crate::lock::floor;
 use crate::lock::queues::{Kind, Request};
 use crate::lock::sessions;
 use crate::metrics;
+use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{change, create_for_waiters, expire_overdue, reclaim_if_due};
 use crate::service::effects;
@@ -56,6 +57,9 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(ctx, options, 4)?;
+    if options.sync.is_some() && !may_block(ctx) {
+        return Err(LockError::SyncCannotWait);
+    }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let grant = |lock: &mut Lock| {
@@ -122,7 +126,19 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 metrics::ACQUIRE_WAIT.record(0);
             }
             metrics::ACQUIRED.incr();
-            Ok(RedisValue::Integer(fence_reply(fence)))
+            match options.sync.filter(|s| s.replicas > 0) {
+                Some(sync) => {
+                    let confirms = match grant {
+                        Acquire::Granted { .. } => Confirms::Grant {
+                            token: token.into(),
+                            fence,
+                        },
+                        _ => Confirms::Change,
+                    };
+                    handoff::block_for_acks(ctx, key_name, confirms, fence_reply(fence), sync)
+                }
+                None => Ok(RedisValue::Integer(fence_reply(fence))),
+            }
         }
         Acquire::Busy => match options.wait {
             Some(timeout) if may_block(ctx) => {
@@ -139,6 +155,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     reentrant: options.reentrant,
                     session: options.session,
                     client: client_id(ctx),
+                    sync: options.sync,
                 };
                 handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
             }
@@ -189,14 +206,18 @@ fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
 }
 
-/// `LOCK.RENEW key token ttl-ms`
+/// `LOCK.RENEW key token ttl-ms [SYNC numreplicas timeout-ms]`
 fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
-    let [_, key_name, token, ttl] = args else {
+    let [_, key_name, token, ttl, options @ ..] = args else {
         return Err(LockError::WrongArity);
     };
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
+    let sync = args::renew_options(ctx, options, 4)?;
+    if sync.is_some() && !may_block(ctx) {
+        return Err(LockError::SyncCannotWait);
+    }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let renewed = match in_key_mut(&key)? {
@@ -209,12 +230,15 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
         None => false,
     };
-    if renewed {
-        metrics::RENEWED.incr();
-    } else {
+    if !renewed {
         metrics::RENEW_FAILED.incr();
+        return Ok(RedisValue::Integer(0));
     }
-    Ok(RedisValue::Integer(i64::from(renewed)))
+    metrics::RENEWED.incr();
+    match sync.filter(|s| s.replicas > 0) {
+        Some(sync) => handoff::block_for_acks(ctx, key_name, Confirms::Change, 1, sync),
+        None => Ok(RedisValue::Integer(1)),
+    }
 }
 
 /// `LOCK.FORCERELEASE key`

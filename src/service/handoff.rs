@@ -2,22 +2,26 @@
 //! the head of the queue from the reply callback Redis runs right after a release, and
 //! answering waits that time out or end.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use redis_module::{Context, RedisString, RedisValue};
 
 use crate::error::LockError;
-use crate::host::blocking::{self, OnKey};
+use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
-use crate::host::server::{key_string, now_ms};
+use crate::host::server::{key_string, now_ms, select_db, selected_db};
+use crate::host::timer;
 use crate::lock::core::Acquire;
 use crate::lock::event::Event;
 use crate::lock::floor;
-use crate::lock::queues::{Ending, Kind, Tag, Waiter};
+use crate::lock::queues::{Ending, Kind, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
+use crate::service::acks::{self, Confirms};
 use crate::service::change::{change, expire_overdue};
-use crate::service::value::in_key_mut;
+use crate::service::value::{in_key_mut, Stored};
 use crate::service::waiters;
 
 /// Blocks the calling client on `key` until it is served or `timeout` ms pass (0: no limit).
@@ -45,6 +49,30 @@ pub fn block(ctx: &Context, key: &RedisString, timeout: u64, kind: Kind) -> Comm
     Ok(RedisValue::NoReply)
 }
 
+/// Blocks the calling client until the replicas acknowledged the change just made to `key`, then
+/// answers `reply` (see `acks`).
+pub fn block_for_acks(
+    ctx: &Context,
+    key: &RedisString,
+    confirms: Confirms,
+    reply: i64,
+    sync: SyncRequest,
+) -> CommandResult {
+    let id = waiters::queues().next_id();
+    let place = waiters::key_ref(ctx, key);
+    let tag = Tag {
+        id,
+        key: place.clone(),
+        watch: None,
+    };
+    // Blocked on the key like a waiter, but in no queue: signals of the key leave it waiting.
+    let client = blocking::block_on_key::<Handoff>(ctx, key, 0, tag).ok_or(LockError::internal(
+        "the server refused to block the client",
+    ))?;
+    acks::track(ctx, id, client, place, confirms, reply, sync);
+    Ok(RedisValue::NoReply)
+}
+
 /// Fence replies are RESP integers: signed.
 pub fn fence_reply(fence: u64) -> i64 {
     i64::try_from(fence).unwrap_or(i64::MAX)
@@ -68,7 +96,12 @@ impl OnKey for Handoff {
         match waiters::queues().take_woken(tag.id) {
             Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
             Some(Ending::Displaced) => return Err(LockError::Displaced),
+            Some(Ending::Answered(answer)) => return answer.map(RedisValue::Integer),
             None => {}
+        }
+        // CLIENT UNBLOCK of a client waiting for replicas.
+        if acks::abandon(tag.id) {
+            return Err(LockError::SyncCancelled);
         }
         waiters::remove(tag);
         if tag.watch.is_some() {
@@ -81,11 +114,13 @@ impl OnKey for Handoff {
 
     fn disconnected(tag: &Tag) {
         waiters::remove(tag);
+        acks::abandon(tag.id);
     }
 
     fn freed(tag: Tag) {
         waiters::remove(&tag);
         waiters::queues().take_woken(tag.id);
+        acks::abandon(tag.id);
     }
 }
 
@@ -110,13 +145,46 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     if stored.lock().is_held(now) || !waiters::queues().is_head(*db, name, tag.id) {
         return None;
     }
+    if waiters::queues().head_syncs(*db, name) {
+        // A reply callback that writes must answer (Redis 7.0 propagates its writes only then),
+        // and this answer has to wait for replicas: grant from a timer instead. The waiter stays
+        // at the head meanwhile, so nobody overtakes it.
+        grant_later(ctx, tag);
+        return None;
+    }
+    let granted = grant_head(ctx, &key_name, stored, tag, now)?;
+    Some(
+        granted
+            .outcome
+            .map(|fence| RedisValue::Integer(fence_reply(fence))),
+    )
+}
+
+/// A grant to the head of a queue.
+struct HeadGrant {
+    waiter: Waiter<BlockedClient>,
+    /// The fence, or why there is none.
+    outcome: Result<u64, LockError>,
+    /// A new grant (not a refresh of the waiter's own).
+    new: bool,
+}
+
+/// Takes waiter `tag`, the head of the queue of the free lock `stored`, off its queue and grants
+/// it what it asked for (announced, replicated, its session claimed).
+fn grant_head(
+    ctx: &Context,
+    key_name: &RedisString,
+    stored: &mut Stored,
+    tag: &Tag,
+    now: u64,
+) -> Option<HeadGrant> {
     let head = waiters::remove(tag)?;
     let Kind::Acquire(request) = &head.kind else {
         return None;
     };
     let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
-    change(ctx, &key_name, stored, now, |lock| {
+    change(ctx, key_name, stored, now, |lock| {
         outcome = lock.acquire(
             &request.token,
             request.ttl,
@@ -127,17 +195,101 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         );
         matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
     });
-    Some(match outcome {
-        Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
+    let (outcome, new) = match outcome {
+        Ok(grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence })) => {
             if request.session {
                 sessions::claim(tag.key.clone(), request.client, &request.token, lock_id);
             }
             let waited = u64::try_from(head.since.elapsed().as_micros()).unwrap_or(u64::MAX);
             metrics::ACQUIRE_WAIT.record(waited);
             metrics::ACQUIRED.incr();
-            Ok(RedisValue::Integer(fence_reply(fence)))
+            (Ok(fence), matches!(grant, Acquire::Granted { .. }))
         }
-        Ok(Acquire::Busy) => Ok(RedisValue::Null),
-        Err(_) => Err(LockError::FenceExhausted),
+        Ok(Acquire::Busy) => return None,
+        Err(_) => (Err(LockError::FenceExhausted), false),
+    };
+    Some(HeadGrant {
+        waiter: head,
+        outcome,
+        new,
     })
+}
+
+/// Heads of queues that asked for SYNC, to be granted from a timer (see `serve`).
+static LATER: Mutex<Vec<Tag>> = Mutex::new(Vec::new());
+static LATER_ARMED: AtomicBool = AtomicBool::new(false);
+
+fn later() -> MutexGuard<'static, Vec<Tag>> {
+    LATER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn grant_later(ctx: &Context, tag: &Tag) {
+    let mut later = later();
+    if !later.contains(tag) {
+        later.push(tag.clone());
+    }
+    if !LATER_ARMED.swap(true, Ordering::Relaxed) && timer::create(ctx, 0, grant_deferred).is_none()
+    {
+        LATER_ARMED.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The timer: grants each SYNC head still at the head of a free lock, then waits for replicas
+/// before answering it.
+fn grant_deferred(ctx: &Context) {
+    LATER_ARMED.store(false, Ordering::Relaxed);
+    let tags = std::mem::take(&mut *later());
+    let original = selected_db(ctx);
+    let now = now_ms();
+    for tag in tags {
+        let (db, name) = &tag.key;
+        if !select_db(ctx, *db) {
+            continue;
+        }
+        let key_name = key_string(ctx, name);
+        let key = ctx.open_key_writable(&key_name);
+        let Ok(Some(stored)) = in_key_mut(&key) else {
+            continue;
+        };
+        expire_overdue(ctx, &key_name, stored, now);
+        if stored.lock().is_held(now) || !waiters::queues().is_head(*db, name, tag.id) {
+            continue;
+        }
+        let Some(granted) = grant_head(ctx, &key_name, stored, &tag, now) else {
+            continue;
+        };
+        let Kind::Acquire(request) = &granted.waiter.kind else {
+            continue;
+        };
+        match (granted.outcome, request.sync) {
+            (Ok(fence), Some(sync)) => {
+                let confirms = if granted.new {
+                    Confirms::Grant {
+                        token: request.token.clone(),
+                        fence,
+                    }
+                } else {
+                    Confirms::Change
+                };
+                let reply = fence_reply(fence);
+                acks::track(
+                    ctx,
+                    tag.id,
+                    granted.waiter.handle,
+                    tag.key.clone(),
+                    confirms,
+                    reply,
+                    sync,
+                );
+            }
+            (outcome, _) => {
+                let answer = outcome.map(fence_reply);
+                waiters::queues().mark_woken(tag.id, Ending::Answered(answer));
+                blocking::unblock(granted.waiter.handle);
+            }
+        }
+    }
+    select_db(ctx, original);
 }

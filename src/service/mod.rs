@@ -8,6 +8,7 @@
 //! - `expiry`: the lease timer's handler and the index rebuild;
 //! - `commands` (with `args`): the LOCK.* commands;
 //! - `handoff`: blocking and serving waiters;
+//! - `acks`: replies that wait for replicas (SYNC);
 //! - `change`: a change of a stored lock and what follows it;
 //! - `waiters`: the queues of waiting clients;
 //! - `effects`: announcing and replicating a change;
@@ -15,6 +16,7 @@
 //! - `value`: the value behind a lock key and its data type;
 //! - `safety`: configurations that endanger locks.
 
+pub mod acks;
 pub mod args;
 pub mod change;
 pub mod commands;

@@ -34,6 +34,17 @@ fn command_docs_describe_every_lock_command() {
     assert_eq!(wait["token"].text(), "WAIT");
     assert_eq!(wait["type"].text(), "integer");
     assert_eq!(texts(&wait["flags"]), ["optional"]);
+    // SYNC takes two values: a block of numreplicas and timeout-ms.
+    let sync = fields_of(&doc["arguments"].items()[6]);
+    assert_eq!(sync["token"].text(), "SYNC");
+    assert_eq!(sync["type"].text(), "block");
+    assert_eq!(texts(&sync["flags"]), ["optional"]);
+    let parts: Vec<String> = sync["arguments"]
+        .items()
+        .iter()
+        .map(|a| fields_of(a)["name"].text())
+        .collect();
+    assert_eq!(parts, ["numreplicas", "timeout-ms"]);
 }
 
 #[test]
@@ -43,7 +54,7 @@ fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
     let mut c = server.conn();
     let arity = |name: &str| match name {
         "lock.acquire" => -4,
-        "lock.renew" => 4,
+        "lock.renew" => -4,
         "lock.release" | "lock.fence" | "lock.wait" => 3,
         _ => 2,
     };

@@ -21,7 +21,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 16] = [
+const COUNTS: [&str; 18] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -36,6 +36,8 @@ const COUNTS: [&str; 16] = [
     "lock_forced",
     "lock_session_released",
     "lock_reclaimed",
+    "lock_sync_confirmed",
+    "lock_sync_failed",
     "lock_fence_checks",
     "lock_fence_rejects",
 ];
@@ -147,13 +149,14 @@ fn command_table() -> [(
                 "timeout-ms",
                 "reentrant",
                 "session",
+                "sync",
             ],
             &["k1", "t", "100", "WAIT", "5", "SESSION"],
         ),
         ("lock.release", &["key", "token"], &["k2", "t"]),
         (
             "lock.renew",
-            &["key", "token", "ttl-ms"],
+            &["key", "token", "ttl-ms", "sync"],
             &["k3", "t", "100"],
         ),
         ("lock.fence", &["key", "fence"], &["k4", "5"]),

@@ -1,0 +1,220 @@
+//! Replies that wait for replicas: `SYNC numreplicas timeout-ms` on LOCK.ACQUIRE and LOCK.RENEW.
+//!
+//! The change is made and replicated at once; its client stays blocked (on the lock's key, like a
+//! waiter, but in no queue) while a 1 ms timer watches the replicas: the first run after the
+//! change reads the primary's replication offset (the change has been propagated by then) and
+//! asks the replicas to acknowledge (`REPLCONF GETACK *`, what WAIT sends); each run counts the
+//! online replicas whose acknowledged offset reached it. Enough of them: the reply goes out. Time
+//! up: a new grant is taken back (a replicated release) and the client gets an error, so it never
+//! acts on a grant a failover can lose. Nothing is sent to replicas while the server avoids
+//! replica traffic (CLIENT PAUSE, a failover in progress); answers wait until it is over.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use redis_module::Context;
+
+use crate::error::LockError;
+use crate::host::blocking::{self, BlockedClient};
+use crate::host::keys;
+use crate::host::server::{
+    avoid_replica_traffic, is_primary, key_string, now_ms, replication_acks, select_db, selected_db,
+};
+use crate::host::timer;
+use crate::lock::event::Event;
+use crate::lock::queues::{Ending, SyncRequest};
+use crate::lock::KeyRef;
+use crate::metrics;
+use crate::service::change::{change, reclaim_if_due};
+use crate::service::value::in_key_mut;
+use crate::service::waiters;
+
+/// How often unacknowledged changes ask the replicas again.
+const ASK_AGAIN_MS: u64 = 100;
+
+/// What the reply confirms.
+#[derive(Debug)]
+pub enum Confirms {
+    /// A new grant: taken back when the replicas do not acknowledge it.
+    Grant { token: Box<[u8]>, fence: u64 },
+    /// A renewal or a refreshed lease: stays, but the client is told it may be lost.
+    Change,
+}
+
+struct Pending {
+    /// The blocked client's waiter id.
+    id: u64,
+    client: BlockedClient,
+    key: KeyRef,
+    confirms: Confirms,
+    reply: i64,
+    sync: SyncRequest,
+    deadline: u64,
+    /// The replication offset that covers the change, read on the first run after it.
+    target: Option<i64>,
+    /// When the replicas were last asked to acknowledge.
+    asked: Option<u64>,
+    /// The client went away (or was unblocked) before its answer.
+    abandoned: bool,
+}
+
+static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
+static ARMED: AtomicBool = AtomicBool::new(false);
+
+fn pending() -> MutexGuard<'static, Vec<Pending>> {
+    PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn arm(ctx: &Context) {
+    if !ARMED.swap(true, Ordering::Relaxed) && timer::create(ctx, 1, tick).is_none() {
+        ARMED.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Watches the change just made to `key` for the blocked client `client` (waiter `id`), which
+/// gets `reply` once `sync.replicas` replicas acknowledged it.
+pub fn track(
+    ctx: &Context,
+    id: u64,
+    client: BlockedClient,
+    key: KeyRef,
+    confirms: Confirms,
+    reply: i64,
+    sync: SyncRequest,
+) {
+    pending().push(Pending {
+        id,
+        client,
+        key,
+        confirms,
+        reply,
+        sync,
+        deadline: now_ms().saturating_add(sync.timeout_ms),
+        target: None,
+        asked: None,
+        abandoned: false,
+    });
+    arm(ctx);
+}
+
+/// The client of waiter `id` is gone or was unblocked: no answer is sent, and an unconfirmed new
+/// grant is taken back on the next run. True when `id` was waiting for replicas.
+pub fn abandon(id: u64) -> bool {
+    let mut pending = pending();
+    match pending.iter_mut().find(|p| p.id == id) {
+        Some(p) => {
+            p.abandoned = true;
+            true
+        }
+        None => false,
+    }
+}
+
+enum Outcome {
+    Confirmed,
+    TimedOut,
+    Abandoned,
+}
+
+/// The timer: sets targets, asks replicas, answers what is decided, and runs again while anything
+/// waits.
+fn tick(ctx: &Context) {
+    ARMED.store(false, Ordering::Relaxed);
+    if !is_primary(ctx) {
+        // A demoted primary: Redis has answered every blocked client; nothing may be written.
+        pending().clear();
+        return;
+    }
+    let Some((offset, acked)) = replication_acks(ctx) else {
+        arm(ctx);
+        return;
+    };
+    let now = now_ms();
+    let quiet = avoid_replica_traffic();
+    let mut ask = false;
+    let mut decided = Vec::new();
+    {
+        let mut pending = pending();
+        let mut i = 0;
+        while i < pending.len() {
+            let p = &mut pending[i];
+            let target = *p.target.get_or_insert(offset);
+            let acks = acked.iter().filter(|a| **a >= target).count();
+            let outcome = if p.abandoned {
+                Some(Outcome::Abandoned)
+            } else if u64::try_from(acks).unwrap_or(0) >= p.sync.replicas {
+                Some(Outcome::Confirmed)
+            } else if now >= p.deadline && !quiet {
+                Some(Outcome::TimedOut)
+            } else {
+                if p.asked.is_none_or(|at| now >= at + ASK_AGAIN_MS) {
+                    ask = true;
+                    p.asked = Some(now);
+                }
+                None
+            };
+            match outcome {
+                Some(outcome) => decided.push((pending.swap_remove(i), outcome)),
+                None => i += 1,
+            }
+        }
+    }
+    if ask && !quiet {
+        keys::request_replica_acks(ctx);
+    }
+    for (p, outcome) in decided {
+        finish(ctx, p, outcome, now);
+    }
+    if !pending().is_empty() {
+        arm(ctx);
+    }
+}
+
+fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
+    let answer = match outcome {
+        Outcome::Confirmed => {
+            metrics::SYNC_CONFIRMED.incr();
+            Ok(p.reply)
+        }
+        Outcome::TimedOut | Outcome::Abandoned => {
+            metrics::SYNC_FAILED.incr();
+            let undone = match &p.confirms {
+                Confirms::Grant { token, fence } => {
+                    take_back(ctx, &p.key, token, *fence, now);
+                    true
+                }
+                Confirms::Change => false,
+            };
+            Err(LockError::NotAcknowledged {
+                undone,
+                replicas: p.sync.replicas,
+                timeout_ms: p.sync.timeout_ms,
+            })
+        }
+    };
+    if !matches!(outcome, Outcome::Abandoned) {
+        waiters::queues().mark_woken(p.id, Ending::Answered(answer));
+        blocking::unblock(p.client);
+    }
+}
+
+/// Takes back an unacknowledged grant, as a release by its holder (announced, replicated).
+fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u64) {
+    let original = selected_db(ctx);
+    if select_db(ctx, *db) {
+        let name = key_string(ctx, key);
+        let handle = ctx.open_key_writable(&name);
+        if let Ok(Some(stored)) = in_key_mut(&handle) {
+            let revoked = change(ctx, &name, stored, now, |lock| {
+                lock.revoke(token, fence, now).then_some(Event::Release)
+            });
+            if revoked.is_some() {
+                metrics::RELEASED.incr();
+                reclaim_if_due(ctx, &handle, &name, now);
+            }
+        }
+    }
+    select_db(ctx, original);
+}

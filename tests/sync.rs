@@ -1,0 +1,215 @@
+//! `SYNC numreplicas timeout-ms`: the reply of LOCK.ACQUIRE (and LOCK.RENEW) waits until that
+//! many replicas acknowledged the change, so a client never acts on a grant a failover can lose;
+//! a grant not acknowledged in time is taken back (a replicated release) and the client gets an
+//! error. The wait blocks only its client.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn pair() -> (Server, Server) {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    // After a full sync the replica's first acknowledgement can take a second: get past it.
+    let mut p = primary.conn();
+    assert_eq!(p.call(&["SET", "link-check", "1"]), Reply::status("OK"));
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(p.call(&["DEL", "link-check"]), Reply::Int(1));
+    wait_replica_caught_up(&primary, &replica);
+    (primary, replica)
+}
+
+fn not_acknowledged(replicas: u64, ms: u64) -> Reply {
+    Reply::error(&format!(
+        "NOREPLICAS the grant was not acknowledged by {replicas} replica(s) within {ms} ms and was \
+         undone"
+    ))
+}
+
+#[test]
+fn a_grant_is_answered_once_the_replica_has_it() {
+    let (primary, replica) = pair();
+    let mut p = primary.conn();
+    let mut r = replica.conn();
+    let started = Instant::now();
+    let fence = p
+        .call(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "5000"])
+        .int();
+    let took = started.elapsed();
+    eprintln!("LOCK.ACQUIRE ... SYNC 1 answered after {took:?}");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Acknowledged means the replica has applied it: no waiting here.
+    assert_eq!(fence_of(&mut r, "k"), fence);
+    assert_eq!(state_of(&mut r, "k"), "held");
+    assert_eq!(primary.info_int("lock_sync_confirmed"), 1);
+    // SYNC 0 answers at once; a refresh by the holder waits like a grant.
+    assert_eq!(
+        p.call(&["LOCK.ACQUIRE", "other", "t", "60000", "SYNC", "0", "10"]),
+        Reply::Int(fence_of(&mut p, "other"))
+    );
+    assert_eq!(
+        p.call(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "5000"]),
+        Reply::Int(fence)
+    );
+    assert_eq!(
+        p.call(&["LOCK.RENEW", "k", "t", "60000", "SYNC", "1", "5000"]),
+        Reply::Int(1)
+    );
+    assert_eq!(
+        p.call(&["LOCK.RENEW", "k", "wrong", "60000", "SYNC", "1", "5000"]),
+        Reply::Int(0)
+    );
+    assert_eq!(primary.info_int("lock_sync_confirmed"), 3);
+}
+
+#[test]
+fn a_grant_no_replica_acknowledges_is_undone_everywhere() {
+    let (primary, replica) = pair();
+    let mut p = primary.conn();
+    let started = Instant::now();
+    assert_eq!(
+        p.call(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "2", "200"]),
+        not_acknowledged(2, 200)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(state_of(&mut p, "k"), "free");
+    assert_eq!(primary.info_int("lock_sync_failed"), 1);
+    // The release was replicated like any other.
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(state_of(&mut replica.conn(), "k"), "free");
+    // A renewal stays (it cannot be taken back), but the client is told it may be lost.
+    let fence = acquire(&mut p, "k", "t", 60_000);
+    assert_eq!(
+        p.call(&["LOCK.RENEW", "k", "t", "90000", "SYNC", "2", "100"]),
+        Reply::error(
+            "NOREPLICAS the change was not acknowledged by 2 replica(s) within 100 ms: a failover \
+             may lose it"
+        )
+    );
+    assert_eq!(fence_of(&mut p, "k"), fence);
+    assert!(lock_field(&mut p, "k", "ttl").int() > 60_000);
+}
+
+#[test]
+fn a_replica_held_back_never_confirms_and_the_grant_is_undone() {
+    let (primary, replica) = pair();
+    let mut p = primary.conn();
+    let mut r = replica.conn();
+    // CLIENT PAUSE WRITE on the replica holds back what its primary sends.
+    assert_eq!(
+        r.call(&["CLIENT", "PAUSE", "5000", "WRITE"]),
+        Reply::status("OK")
+    );
+    assert_eq!(
+        p.call(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "300"]),
+        not_acknowledged(1, 300)
+    );
+    assert_eq!(state_of(&mut p, "k"), "free");
+    // A client that goes away while its grant waits for replicas: the grant is undone too.
+    let mut gone = primary.conn();
+    gone.send(&["LOCK.ACQUIRE", "k2", "t", "60000", "SYNC", "1", "5000"]);
+    wait_blocked(&primary, 1);
+    assert_eq!(state_of(&mut p, "k2"), "held");
+    drop(gone);
+    wait_for("the abandoned grant to be undone", || {
+        (state_of(&mut p, "k2") == "free").then_some(())
+    });
+    assert_eq!(r.call(&["CLIENT", "UNPAUSE"]), Reply::status("OK"));
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(state_of(&mut r, "k"), "free");
+    assert_eq!(state_of(&mut r, "k2"), "free");
+    assert_eq!(primary.info_int("lock_sync_failed"), 2);
+}
+
+#[test]
+fn a_waiter_granted_from_the_queue_is_answered_once_the_replica_has_it() {
+    let (primary, replica) = pair();
+    let mut p = primary.conn();
+    acquire(&mut p, "k", "holder", 60_000);
+    let mut waiter = primary.conn();
+    waiter.send(&[
+        "LOCK.ACQUIRE",
+        "k",
+        "w",
+        "60000",
+        "WAIT",
+        "5000",
+        "SYNC",
+        "1",
+        "5000",
+    ]);
+    wait_blocked(&primary, 1);
+    assert_eq!(p.call(&["LOCK.RELEASE", "k", "holder"]), Reply::Int(1));
+    let fence = granted(&mut waiter);
+    assert_eq!(fence_of(&mut replica.conn(), "k"), fence);
+    assert_eq!(primary.info_int("lock_sync_confirmed"), 1);
+    assert_eq!(primary.info_int("lock_waiters"), 0);
+}
+
+#[test]
+fn sync_is_refused_where_a_client_cannot_wait_and_bad_values_change_nothing() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "1", "100"]),
+        Reply::status("QUEUED")
+    );
+    let cannot =
+        "ERR SYNC cannot wait for replicas inside MULTI or a script; send WAIT after EXEC instead";
+    assert_eq!(c.call(&["EXEC"]), Reply::Array(vec![Reply::error(cannot)]));
+    let script = c.call(&[
+        "EVAL",
+        "return redis.pcall('LOCK.ACQUIRE', KEYS[1], 't', '1000', 'SYNC', '1', '100')",
+        "1",
+        "k",
+    ]);
+    assert_eq!(script, Reply::error(cannot));
+    for (args, error) in [
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "1000", "SYNC"],
+            "ERR invalid numreplicas: missing after SYNC",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "1"],
+            "ERR invalid SYNC timeout-ms: missing after SYNC",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "-1", "100"],
+            "ERR invalid numreplicas: must not be negative",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "1", "0"],
+            "ERR invalid SYNC timeout-ms: must be positive",
+        ),
+        (
+            vec![
+                "LOCK.ACQUIRE",
+                "k",
+                "t",
+                "1000",
+                "SYNC",
+                "1",
+                "10",
+                "SYNC",
+                "1",
+                "10",
+            ],
+            "ERR option SYNC given more than once",
+        ),
+        (
+            vec!["LOCK.RENEW", "k", "t", "1000", "SYNC", "x", "10"],
+            "ERR invalid numreplicas: not an integer",
+        ),
+        (
+            vec!["LOCK.RENEW", "k", "t", "1000", "BOGUS"],
+            "ERR unknown option at argument 4 (expected SYNC)",
+        ),
+    ] {
+        assert_eq!(c.call(&args), Reply::error(error), "{args:?}");
+    }
+    assert_eq!(c.call(&["DBSIZE"]), Reply::Int(0));
+}
