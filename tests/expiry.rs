@@ -249,3 +249,42 @@ fn a_deadline_too_far_for_redis_timers_leaves_the_server_idle() {
     wait_until_expired(&server, 1);
     assert_eq!(state_of(&mut c, "far"), "held");
 }
+
+/// Nothing may be replicated while clients are paused (CLIENT PAUSE, a failover in progress):
+/// Redis aborts if anything is. A lease that runs out, or a session whose connection closes,
+/// during a pause ends once the pause is over, and the server stays up.
+#[test]
+fn leases_and_sessions_ending_during_client_pause_end_after_it() {
+    let server = Server::start();
+    // With a replica, every change is replicated: what the pause forbids.
+    let replica = Server::start();
+    replica.replicate_from(&server);
+    let mut c = server.conn();
+    for mode in ["WRITE", "ALL"] {
+        let before = server.info_int("lock_expired");
+        acquire(&mut c, "lease", "t", 100);
+        let mut session = server.conn();
+        let reply = session.call(&["LOCK.ACQUIRE", "session", "s", "60000", "SESSION"]);
+        assert!(matches!(reply, Reply::Int(_)), "{reply:?}");
+        let released = server.info_int("lock_session_released");
+        assert_eq!(
+            c.call(&["CLIENT", "PAUSE", "500", mode]),
+            Reply::status("OK")
+        );
+        let paused = Instant::now();
+        drop(session);
+        // The lease ends during the pause; the server must outlive it.
+        std::thread::sleep(Duration::from_millis(300));
+        wait_for("the pause to end and the lease to expire", || {
+            (server.info_int("lock_expired") == before + 1).then_some(())
+        });
+        assert!(paused.elapsed() >= Duration::from_millis(500));
+        wait_for("the session to end", || {
+            (server.info_int("lock_session_released") == released + 1).then_some(())
+        });
+        assert_eq!(state_of(&mut c, "lease"), "free");
+        assert_eq!(state_of(&mut c, "session"), "free");
+    }
+    wait_replica_caught_up(&server, &replica);
+    assert_eq!(state_of(&mut replica.conn(), "lease"), "free");
+}

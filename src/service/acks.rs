@@ -142,8 +142,10 @@ fn tick(ctx: &Context) {
             let p = &mut pending[i];
             let target = *p.target.get_or_insert(offset);
             let acks = acked.iter().filter(|a| **a >= target).count();
-            let outcome = if p.abandoned {
+            let outcome = if p.abandoned && !quiet {
                 Some(Outcome::Abandoned)
+            } else if p.abandoned {
+                None
             } else if u64::try_from(acks).unwrap_or(0) >= p.sync.replicas {
                 Some(Outcome::Confirmed)
             } else if now >= p.deadline && !quiet {

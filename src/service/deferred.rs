@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
-use crate::host::server::{is_primary, key_string, now_ms, select_db, selected_db};
+use crate::host::server::{
+    avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
+};
 use crate::host::timer;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
-use crate::service::{change, safety};
+use crate::service::{change, effects, safety};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -22,6 +24,8 @@ pub enum Job {
     SessionLost(u64),
     /// The server's configuration changed: look for settings that endanger locks.
     CheckConfig,
+    /// A child was forked while nothing could be replicated: record the fence floor now.
+    RecordFloor,
 }
 
 #[derive(Default)]
@@ -55,6 +59,8 @@ pub fn defer(ctx: &Context, job: Job) {
 /// waiters, or many connections closing at once, is worked off in slices so the server keeps
 /// answering in between.
 const SLICE: Duration = Duration::from_millis(2);
+/// How soon work held back by paused clients is tried again.
+const PAUSED_RETRY_MS: u64 = 10;
 
 fn next_job() -> Option<Job> {
     let mut p = pending();
@@ -67,6 +73,13 @@ fn next_job() -> Option<Job> {
 fn run(ctx: &Context) {
     pending().armed = false;
     let primary = is_primary(ctx);
+    if primary && avoid_replica_traffic() {
+        // Clients are paused (CLIENT PAUSE, a failover): nothing may be written or replicated
+        // now (Redis would abort). Look again shortly.
+        let mut p = pending();
+        p.armed = timer::create(ctx, PAUSED_RETRY_MS, run).is_some();
+        return;
+    }
     let original_db = selected_db(ctx);
     let now = now_ms();
     let started = Instant::now();
@@ -84,6 +97,7 @@ fn run(ctx: &Context) {
                 }
             }
             Job::CheckConfig => safety::check(ctx),
+            Job::RecordFloor => effects::record_floor(ctx),
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) if !primary => {}
             Job::SessionLost(client) => {

@@ -4,7 +4,7 @@
 use redis_module::{Context, RedisString};
 
 use crate::host::events::{Listener, ServerEvent};
-use crate::host::server::selected_db;
+use crate::host::server::{avoid_replica_traffic, selected_db};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::deferred::{self, Job};
@@ -44,6 +44,9 @@ impl Listener for Events {
             // A child was just forked; when it rewrites the AOF, the parent's writes from now on
             // go to the new incremental file, which will sit beside the rewritten base: record
             // the fence floor there (a base without RDB preamble has nowhere to keep it).
+            ServerEvent::ForkChildBorn if avoid_replica_traffic() => {
+                deferred::defer(ctx, Job::RecordFloor)
+            }
             ServerEvent::ForkChildBorn => effects::record_floor(ctx),
             ServerEvent::ConfigChanged => deferred::defer(ctx, Job::CheckConfig),
             ServerEvent::ClientDisconnected(client) => {

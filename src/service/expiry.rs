@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use redis_module::Context;
 
 use crate::host::keys::scan_values;
-use crate::host::server::{is_loading, is_primary, key_string, now_ms, select_db, selected_db};
+use crate::host::server::{
+    avoid_replica_traffic, is_loading, is_primary, key_string, now_ms, select_db, selected_db,
+};
 use crate::service::change;
 use crate::service::leases;
 use crate::service::value::{Stored, LOCK_TYPE};
@@ -29,7 +31,9 @@ const IDLE_RECHECK_MS: u64 = 100;
 pub fn on_due(ctx: &Context) {
     let now = now_ms();
     leases::fired();
-    if !is_primary(ctx) || is_loading(ctx) {
+    // Nothing may be replicated while clients are paused (CLIENT PAUSE, a failover): Redis
+    // would abort. Leases end once the pause is over, as Redis' own expiry does.
+    if !is_primary(ctx) || is_loading(ctx) || avoid_replica_traffic() {
         if !leases::is_empty() {
             leases::arm_next(ctx, Some(now + IDLE_RECHECK_MS));
         }

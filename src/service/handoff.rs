@@ -11,7 +11,7 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
-use crate::host::server::{key_string, now_ms, select_db, selected_db};
+use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
 use crate::lock::core::Acquire;
 use crate::lock::event::Event;
@@ -240,6 +240,15 @@ fn grant_later(ctx: &Context, tag: &Tag) {
 /// before answering it.
 fn grant_deferred(ctx: &Context) {
     LATER_ARMED.store(false, Ordering::Relaxed);
+    if avoid_replica_traffic() {
+        // Paused clients: no grant may be replicated now; try again shortly.
+        if !LATER_ARMED.swap(true, Ordering::Relaxed)
+            && timer::create(ctx, 10, grant_deferred).is_none()
+        {
+            LATER_ARMED.store(false, Ordering::Relaxed);
+        }
+        return;
+    }
     let tags = std::mem::take(&mut *later());
     let original = selected_db(ctx);
     let now = now_ms();
