@@ -19,6 +19,9 @@ pub struct Load {
     pub queue_pct: u64,
     /// `WAIT 1 <ms>` after each grant: act only on grants a replica confirmed.
     pub replica_ack: Option<u64>,
+    /// `SYNC 1 <ms>` on each ACQUIRE and RENEW: the module answers only once a replica has the
+    /// change (and takes back a grant none acknowledged).
+    pub sync_ack: Option<u64>,
     /// Percent of grants whose holder stalls past its lease before writing.
     pub slow_pct: u64,
     /// Percent of grants never released (the lease runs out).
@@ -86,9 +89,13 @@ fn client_loop(id: usize, sh: &Shared) {
         let ttl = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
         let ttl_s = ttl.to_string();
         let wait_s = rng.range(20, 400).to_string();
+        let sync_s = sh.load.sync_ack.map(|ms| ms.to_string());
         let mut args = vec!["LOCK.ACQUIRE", &key, &token, &ttl_s];
         if queues {
             args.extend(["WAIT", &wait_s]);
+        }
+        if let Some(ms) = &sync_s {
+            args.extend(["SYNC", "1", ms]);
         }
         let start = Instant::now();
         let reply = match call(c, &args) {
@@ -106,6 +113,11 @@ fn client_loop(id: usize, sh: &Shared) {
                 if !queues {
                     sleep(Duration::from_micros(rng.range(100, 3000)));
                 }
+                continue;
+            }
+            // SYNC: no replica acknowledged the grant in time, and it was taken back.
+            Reply::Error(e) if e.starts_with("NOREPLICAS") => {
+                sh.history.unconfirmed.fetch_add(1, Relaxed);
                 continue;
             }
             Reply::Error(e) => {
@@ -195,22 +207,36 @@ fn client_loop(id: usize, sh: &Shared) {
             if rng.chance(20) {
                 let ttl2 = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
                 let sent = Instant::now();
-                match call(c, &["LOCK.RENEW", &key, &token, &ttl2.to_string()]) {
-                    Ok(Reply::Int(1)) => {
-                        // With replica acknowledgement, a renewal counts once WAIT confirms it,
-                        // as a grant does: an unconfirmed one can be lost by failover, and the
-                        // lease then ends at its earlier deadline (README).
-                        let confirmed = match sh.load.replica_ack {
-                            None => true,
-                            Some(ms) => {
-                                matches!(call(c, &["WAIT", "1", &ms.to_string()]), Ok(Reply::Int(a)) if a >= 1)
-                            }
-                        };
-                        if confirmed {
-                            sh.history.update(idx, |g| {
-                                g.live_until = g.live_until.max(sent + Duration::from_millis(ttl2))
-                            });
+                let ttl2_s = ttl2.to_string();
+                let mut renew = vec!["LOCK.RENEW", &key, &token, &ttl2_s];
+                if let Some(ms) = &sync_s {
+                    renew.extend(["SYNC", "1", ms]);
+                }
+                // RENEW sets the lease to ttl2 from when the server runs it: it may shorten it.
+                // What the client can count on afterwards: confirmed, the new lease (at least
+                // `sent + ttl2`); unknown (a lost reply, a renewal a failover may lose), the
+                // shorter of the old lease and the new one.
+                let renewed_until = sent + Duration::from_millis(ttl2);
+                let outcome = call(c, &renew);
+                let confirmed = match &outcome {
+                    Ok(Reply::Int(1)) => match sh.load.replica_ack {
+                        None => true,
+                        // With WAIT, a renewal counts once WAIT confirms it, as a grant does.
+                        Some(ms) => {
+                            matches!(call(c, &["WAIT", "1", &ms.to_string()]), Ok(Reply::Int(a)) if a >= 1)
                         }
+                    },
+                    _ => false,
+                };
+                sh.history.update(idx, |g| {
+                    g.live_until = if confirmed {
+                        renewed_until
+                    } else {
+                        g.live_until.min(renewed_until)
+                    }
+                });
+                match outcome {
+                    Ok(Reply::Int(1)) => {
                         sh.oracle.write(&key, fence);
                     }
                     Ok(_) => {}
@@ -248,6 +274,7 @@ pub fn standard_load(prefix: &str) -> Load {
         ttl_ms: (30, 200),
         queue_pct: 50,
         replica_ack: None,
+        sync_ack: None,
         slow_pct: 3,
         abandon_pct: 2,
     }

@@ -179,14 +179,35 @@ fn link(primary: &Server, replica: &Server) {
     wait_replica_caught_up(primary, replica);
 }
 
-fn failover(replica_ack: Option<u64>) -> Report {
+/// How clients make sure a replica has their grant before they act on it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Confirm {
+    /// They do not.
+    Nothing,
+    /// `WAIT 1 <ms>` after each grant.
+    Wait(u64),
+    /// `SYNC 1 <ms>` on each ACQUIRE and RENEW.
+    Sync(u64),
+}
+
+fn failover(confirm: Confirm) -> Report {
     let p = params();
     let started = Instant::now();
     let mut primary = Server::start();
     let mut replica = Server::start();
     link(&primary, &replica);
-    let mut load = standard_load(if replica_ack.is_some() { "fw" } else { "fn" });
-    load.replica_ack = replica_ack;
+    let (prefix, name) = match confirm {
+        Confirm::Nothing => ("fn", "failover-no-wait"),
+        Confirm::Wait(_) => ("fw", "failover-wait1"),
+        Confirm::Sync(_) => ("fs", "failover-sync"),
+    };
+    let mut load = standard_load(prefix);
+    if let Confirm::Wait(ms) = confirm {
+        load.replica_ack = Some(ms);
+    }
+    if let Confirm::Sync(ms) = confirm {
+        load.sync_ack = Some(ms);
+    }
     // Leases that can outlast the failover, so a lost grant can still be running for its holder.
     load.ttl_ms = (100, 1500);
     load.slow_pct = 1;
@@ -223,23 +244,25 @@ fn failover(replica_ack: Option<u64>) -> Report {
     });
     logs.push(primary.log());
     logs.push(replica.log());
-    let name = if replica_ack.is_some() {
-        "failover-wait1"
-    } else {
-        "failover-no-wait"
-    };
     report(name, &sh, started, &logs)
 }
 
 /// Clients act only on grants that `WAIT 1` confirmed: everything must hold.
 #[test]
 fn failover_with_wait_1_after_each_grant() {
-    failover(Some(200)).finish(&[1, 2, 3, 4, 5]);
+    failover(Confirm::Wait(200)).finish(&[1, 2, 3, 4, 5]);
+}
+
+/// Clients ask the module to answer only once a replica has the grant (`SYNC 1 200`, also on
+/// RENEW): the failover-without-WAIT losses (I3, I4) must not occur, everything must hold.
+#[test]
+fn failover_with_sync_1() {
+    failover(Confirm::Sync(200)).finish(&[1, 2, 3, 4, 5]);
 }
 
 /// Without `WAIT 1` a grant the replica never received is lost by failover (README): I3 and I4
 /// violations may show and are reported; the fence order (I2) rests on the clock term.
 #[test]
 fn failover_without_wait() {
-    failover(None).finish(&[1, 5]);
+    failover(Confirm::Nothing).finish(&[1, 5]);
 }
