@@ -49,8 +49,6 @@ pub enum LockError {
     },
     /// SYNC where the client cannot wait (MULTI, scripts).
     SyncCannotWait,
-    /// A wait for replicas ended by `CLIENT UNBLOCK`.
-    SyncCancelled,
     /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -105,9 +103,6 @@ impl LockError {
             LockError::SyncCannotWait => "ERR SYNC cannot wait for replicas inside MULTI or a \
                  script; send WAIT after EXEC instead"
                 .into(),
-            LockError::SyncCancelled => {
-                "UNBLOCKED the wait for replicas was cancelled; a new grant was undone".into()
-            }
             LockError::InternalCommand(name) => format!(
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),

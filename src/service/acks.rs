@@ -99,17 +99,18 @@ pub fn track(
     arm(ctx);
 }
 
-/// The client of waiter `id` is gone or was unblocked: no answer is sent, and an unconfirmed new
-/// grant is taken back on the next run. True when `id` was waiting for replicas.
-pub fn abandon(id: u64) -> bool {
+/// The client of waiter `id` is gone or its wait ended (its WAIT timeout, CLIENT UNBLOCK) before
+/// the replicas acknowledged: an unconfirmed new grant is taken back on the next run. Returns
+/// the error to answer with, when `id` was waiting for replicas.
+pub fn abandon(id: u64) -> Option<LockError> {
     let mut pending = pending();
-    match pending.iter_mut().find(|p| p.id == id) {
-        Some(p) => {
-            p.abandoned = true;
-            true
-        }
-        None => false,
-    }
+    let p = pending.iter_mut().find(|p| p.id == id && !p.abandoned)?;
+    p.abandoned = true;
+    Some(LockError::NotAcknowledged {
+        undone: matches!(p.confirms, Confirms::Grant { .. }),
+        replicas: p.sync.replicas,
+        timeout_ms: p.sync.timeout_ms,
+    })
 }
 
 enum Outcome {

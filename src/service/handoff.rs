@@ -99,9 +99,10 @@ impl OnKey for Handoff {
             Some(Ending::Answered(answer)) => return answer.map(RedisValue::Integer),
             None => {}
         }
-        // CLIENT UNBLOCK of a client waiting for replicas.
-        if acks::abandon(tag.id) {
-            return Err(LockError::SyncCancelled);
+        // The wait ended (its WAIT timeout, CLIENT UNBLOCK) while replicas had not yet
+        // acknowledged the grant: it is taken back.
+        if let Some(error) = acks::abandon(tag.id) {
+            return Err(error);
         }
         waiters::remove(tag);
         if tag.watch.is_some() {
