@@ -11,6 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
@@ -30,7 +31,7 @@ use crate::service::value::in_key_mut;
 use crate::service::waiters;
 
 /// How often unacknowledged changes ask the replicas again.
-const ASK_AGAIN_MS: u64 = 100;
+const ASK_AGAIN: Duration = Duration::from_millis(100);
 
 /// What the reply confirms.
 #[derive(Debug)]
@@ -49,11 +50,12 @@ struct Pending {
     confirms: Confirms,
     reply: i64,
     sync: SyncRequest,
-    deadline: u64,
+    /// When the wait gives up (monotonic: wall-clock steps change nothing).
+    deadline: Instant,
     /// The replication offset that covers the change, read on the first run after it.
     target: Option<i64>,
     /// When the replicas were last asked to acknowledge.
-    asked: Option<u64>,
+    asked: Option<Instant>,
     /// The client went away (or was unblocked) before its answer.
     abandoned: bool,
 }
@@ -91,7 +93,7 @@ pub fn track(
         confirms,
         reply,
         sync,
-        deadline: now_ms().saturating_add(sync.timeout_ms),
+        deadline: Instant::now() + Duration::from_millis(sync.timeout_ms),
         target: None,
         asked: None,
         abandoned: false,
@@ -132,7 +134,7 @@ fn tick(ctx: &Context) {
         arm(ctx);
         return;
     };
-    let now = now_ms();
+    let now = Instant::now();
     let quiet = avoid_replica_traffic();
     let mut ask = false;
     let mut decided = Vec::new();
@@ -152,7 +154,7 @@ fn tick(ctx: &Context) {
             } else if now >= p.deadline && !quiet {
                 Some(Outcome::TimedOut)
             } else {
-                if p.asked.is_none_or(|at| now >= at + ASK_AGAIN_MS) {
+                if p.asked.is_none_or(|at| now >= at + ASK_AGAIN) {
                     ask = true;
                     p.asked = Some(now);
                 }
@@ -168,7 +170,7 @@ fn tick(ctx: &Context) {
         keys::request_replica_acks(ctx);
     }
     for (p, outcome) in decided {
-        finish(ctx, p, outcome, now);
+        finish(ctx, p, outcome, now_ms());
     }
     if !pending().is_empty() {
         arm(ctx);
