@@ -1,6 +1,7 @@
 //! The client load: many clients take locks, write to the fenced store with their fences, and
 //! probe with wrong and stale tokens, while a scenario's controller injects faults.
 
+use crate::common::cluster::key_slot;
 use crate::common::*;
 use crate::history::{Grant, History};
 use crate::oracle::Oracle;
@@ -31,6 +32,8 @@ pub struct Load {
 pub struct Shared {
     /// The port clients should use; 0 while the server is down.
     pub port: AtomicU16,
+    /// For a cluster: the nodes' ports, where clients start (they follow redirects from there).
+    pub cluster: Vec<u16>,
     pub stop: AtomicBool,
     pub oracle: Oracle,
     pub history: History,
@@ -41,6 +44,7 @@ impl Shared {
     pub fn new(port: u16, load: Load) -> Shared {
         Shared {
             port: AtomicU16::new(port),
+            cluster: Vec::new(),
             stop: AtomicBool::new(false),
             oracle: Oracle::default(),
             history: History::default(),
@@ -49,38 +53,155 @@ impl Shared {
     }
 }
 
+/// Where a client's commands go: the one server the controller names, or a cluster.
+enum Link {
+    Single(u16, Conn),
+    Cluster(ClusterLink),
+}
+
+impl Link {
+    /// A link to what the clients should use now, if it can be reached.
+    fn open(sh: &Shared) -> Option<Link> {
+        if !sh.cluster.is_empty() {
+            return Some(Link::Cluster(ClusterLink {
+                seeds: sh.cluster.clone(),
+                conns: HashMap::new(),
+                routes: HashMap::new(),
+                last: None,
+            }));
+        }
+        let port = sh.port.load(Relaxed);
+        if port == 0 {
+            return None;
+        }
+        let conn = Conn::connect(port, Duration::from_millis(500)).ok()?;
+        conn.set_timeout(CLIENT_READ);
+        Some(Link::Single(port, conn))
+    }
+
+    /// False once the controller moved the clients elsewhere.
+    fn current(&self, sh: &Shared) -> bool {
+        match self {
+            Link::Single(port, _) => *port == sh.port.load(Relaxed),
+            Link::Cluster(_) => true,
+        }
+    }
+}
+
+/// A cluster client: commands go to the node serving their key (LOCK.* commands name it first),
+/// following MOVED and ASK, and retried after a short pause on TRYAGAIN (a waiter whose key moved
+/// away), CLUSTERDOWN (a failover) or UNBLOCKED (its node became a replica), with the same token.
+struct ClusterLink {
+    seeds: Vec<u16>,
+    conns: HashMap<u16, Conn>,
+    /// Slot -> port, as MOVED taught.
+    routes: HashMap<u16, u16>,
+    last: Option<u16>,
+}
+
+/// The port of a `MOVED slot host:port` or `ASK slot host:port` error.
+fn redirect(error: &str, kind: &str) -> Option<u16> {
+    let rest = error.strip_prefix(kind)?.strip_prefix(' ')?;
+    rest.split(' ').nth(1)?.rsplit(':').next()?.parse().ok()
+}
+
+impl ClusterLink {
+    fn conn(&mut self, port: u16) -> std::io::Result<&mut Conn> {
+        match self.conns.entry(port) {
+            std::collections::hash_map::Entry::Occupied(conn) => Ok(conn.into_mut()),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                let conn = Conn::connect(port, Duration::from_millis(500))?;
+                conn.set_timeout(CLIENT_READ);
+                Ok(slot.insert(conn))
+            }
+        }
+    }
+
+    fn call<A: AsRef<[u8]>>(&mut self, args: &[A]) -> std::io::Result<Reply> {
+        let keyed = args.len() > 1 && !args[0].as_ref().eq_ignore_ascii_case(b"WAIT");
+        let slot = keyed.then(|| key_slot(&String::from_utf8_lossy(args[1].as_ref())));
+        let mut port = slot
+            .and_then(|s| self.routes.get(&s).copied())
+            .or(self.last)
+            .unwrap_or(self.seeds[0]);
+        let mut asking = false;
+        for attempt in 0..200 {
+            let sent = (|| {
+                let conn = self.conn(port)?;
+                if asking {
+                    conn.try_send(&["ASKING"])?;
+                    conn.try_read()?;
+                }
+                conn.try_send(args)?;
+                conn.try_read()
+            })();
+            let reply = match sent {
+                Ok(reply) => reply,
+                // A node that is gone: the command may or may not have run there, so it is not
+                // sent again; the next command starts from another node.
+                Err(e) => {
+                    self.conns.remove(&port);
+                    self.last = Some(self.seeds[attempt % self.seeds.len()]);
+                    return Err(e);
+                }
+            };
+            asking = false;
+            if let Reply::Error(e) = &reply {
+                if let Some(target) = redirect(e, "MOVED") {
+                    if let Some(slot) = slot {
+                        self.routes.insert(slot, target);
+                    }
+                    port = target;
+                    continue;
+                }
+                if let Some(target) = redirect(e, "ASK") {
+                    port = target;
+                    asking = true;
+                    continue;
+                }
+                if ["TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED"]
+                    .iter()
+                    .any(|code| e.starts_with(code))
+                {
+                    sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+            self.last = Some(port);
+            return Ok(reply);
+        }
+        Err(std::io::Error::other(
+            "no node answered without redirecting",
+        ))
+    }
+}
+
 /// One command; an error when the connection broke or sent something unreadable.
-fn call<A: AsRef<[u8]>>(conn: &mut Conn, args: &[A]) -> std::io::Result<Reply> {
-    conn.try_send(args)?;
-    conn.try_read()
+fn call<A: AsRef<[u8]>>(link: &mut Link, args: &[A]) -> std::io::Result<Reply> {
+    match link {
+        Link::Single(_, conn) => {
+            conn.try_send(args)?;
+            conn.try_read()
+        }
+        Link::Cluster(cluster) => cluster.call(args),
+    }
 }
 
 fn client_loop(id: usize, sh: &Shared) {
     let mut rng = Rng(0xC11E_0000 + id as u64 * 7919);
     let queues = (id as u64 * 100 / sh.load.clients.max(1) as u64) < sh.load.queue_pct;
-    let mut conn: Option<(u16, Conn)> = None;
+    let mut conn: Option<Link> = None;
     let hard_stop = Instant::now() + Duration::from_secs(1800);
     let mut n = 0u64;
     while !sh.stop.load(Relaxed) && Instant::now() < hard_stop {
-        let port = sh.port.load(Relaxed);
-        if port == 0 {
-            conn = None;
-            sleep(Duration::from_millis(5));
-            continue;
-        }
-        if conn.as_ref().map(|(p, _)| *p) != Some(port) {
-            conn = Conn::connect(port, Duration::from_millis(500))
-                .ok()
-                .map(|c| {
-                    c.set_timeout(CLIENT_READ);
-                    (port, c)
-                });
+        if conn.as_ref().is_none_or(|link| !link.current(sh)) {
+            conn = Link::open(sh);
             if conn.is_none() {
                 sleep(Duration::from_millis(10));
                 continue;
             }
         }
-        let Some((_, c)) = conn.as_mut() else {
+        let Some(c) = conn.as_mut() else {
             continue;
         };
         n += 1;
@@ -130,7 +251,7 @@ fn client_loop(id: usize, sh: &Shared) {
                 continue;
             }
         };
-        let release = |c: &mut Conn| call(c, &["LOCK.RELEASE", &key, &token]);
+        let release = |c: &mut Link| call(c, &["LOCK.RELEASE", &key, &token]);
         if let Some(ms) = sh.load.replica_ack {
             match call(c, &["WAIT", "1", &ms.to_string()]) {
                 Ok(Reply::Int(acked)) if acked >= 1 => {}
@@ -175,7 +296,7 @@ fn client_loop(id: usize, sh: &Shared) {
                 continue;
             }
         }
-        let Some((_, c)) = conn.as_mut() else {
+        let Some(c) = conn.as_mut() else {
             continue;
         };
         let behaviour = rng.below(100);
@@ -246,7 +367,7 @@ fn client_loop(id: usize, sh: &Shared) {
                     }
                 }
             }
-            let Some((_, c)) = conn.as_mut() else {
+            let Some(c) = conn.as_mut() else {
                 continue;
             };
             let sent = Instant::now();

@@ -31,6 +31,7 @@
 mod common;
 
 mod clients;
+mod cluster;
 mod faults;
 mod fuzz;
 mod fuzz_input;

@@ -247,12 +247,15 @@ impl Cluster {
         }
     }
 
-    /// Ends the move of `slot`: `to` owns it, and every node is told.
+    /// Ends the move of `slot`: `to` owns it, and every primary is told.
     pub fn end_migration(&self, slot: u16, to: usize) {
         let slot = slot.to_string();
         let order = std::iter::once(to).chain((0..self.nodes.len()).filter(|i| *i != to));
         for i in order {
-            if !self.nodes[i].is_running() {
+            // Replicas learn it from their primaries (SETSLOT is for primaries only).
+            if !self.nodes[i].is_running()
+                || self.nodes[i].info_field("replication", "role").as_deref() != Some("master")
+            {
                 continue;
             }
             let reply =
