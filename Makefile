@@ -141,8 +141,9 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
 # The chaos suite (tests/chaos/): many clients, a fenced store as oracle, and kill -9, restarts,
-# pauses, DEBUG RELOAD, BGREWRITEAOF and failovers under load, plus the command and RESTORE
-# fuzzer; then the model-based property tests of the lock core with more walks. Each scenario
+# pauses, DEBUG RELOAD, BGREWRITEAOF and failovers (with WAIT 1, with SYNC 1, with neither)
+# under load, a 6-node cluster with slot migrations and a killed primary, plus the command and
+# RESTORE fuzzer; then the model-based property tests of the lock core with more walks. Each scenario
 # prints its grants, accepted and rejected writes and invariant violations; the summary is
 # printed again at the end (from CHAOS_REPORT_FILE). `make test` runs the same suite at a quick
 # scale; chaos-ci is the reduced run CI does (a few minutes on 2 cores).
