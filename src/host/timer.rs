@@ -1,6 +1,7 @@
 //! One-shot module timers that call a plain function on the main thread.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context};
 
@@ -26,6 +27,29 @@ pub fn create(ctx: &Context, delay_ms: u64, callback: Callback) -> Option<TimerI
     // SAFETY: a valid context; `fire` is a plain function and `data` a function pointer that
     // lives as long as the module.
     unsafe { raw::RedisModule_CreateTimer.map(|create| create(ctx.ctx, delay, Some(fire), data)) }
+}
+
+/// A timer that is armed at most once at a time: arming it again while it is pending does
+/// nothing. Its callback calls [`Single::fired`] first.
+#[derive(Default)]
+pub struct Single(AtomicBool);
+
+impl Single {
+    pub const fn new() -> Self {
+        Single(AtomicBool::new(false))
+    }
+
+    /// Arms the timer to call `callback` after `delay_ms`, unless it is pending already.
+    pub fn arm(&self, ctx: &Context, delay_ms: u64, callback: Callback) {
+        if !self.0.swap(true, Ordering::Relaxed) && create(ctx, delay_ms, callback).is_none() {
+            self.0.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// In the callback: the timer is no longer pending.
+    pub fn fired(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Stops a timer that has not fired yet (a harmless no-op for one that has).

@@ -9,7 +9,6 @@
 //! acts on a grant a failover can lose. Nothing is sent to replicas while the server avoids
 //! replica traffic (CLIENT PAUSE, a failover in progress); answers wait until it is over.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -61,7 +60,7 @@ struct Pending {
 }
 
 static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
-static ARMED: AtomicBool = AtomicBool::new(false);
+static TIMER: timer::Single = timer::Single::new();
 
 fn pending() -> MutexGuard<'static, Vec<Pending>> {
     PENDING
@@ -70,9 +69,7 @@ fn pending() -> MutexGuard<'static, Vec<Pending>> {
 }
 
 fn arm(ctx: &Context) {
-    if !ARMED.swap(true, Ordering::Relaxed) && timer::create(ctx, 1, tick).is_none() {
-        ARMED.store(false, Ordering::Relaxed);
-    }
+    TIMER.arm(ctx, 1, tick);
 }
 
 /// Watches the change just made to `key` for the blocked client `client` (waiter `id`), which
@@ -124,7 +121,7 @@ enum Outcome {
 /// The timer: sets targets, asks replicas, answers what is decided, and runs again while anything
 /// waits.
 fn tick(ctx: &Context) {
-    ARMED.store(false, Ordering::Relaxed);
+    TIMER.fired();
     if !is_primary(ctx) {
         // A demoted primary: Redis has answered every blocked client; nothing may be written.
         pending().clear();

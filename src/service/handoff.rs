@@ -2,7 +2,6 @@
 //! the head of the queue from the reply callback Redis runs right after a release, and
 //! answering waits that time out or end.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -218,7 +217,7 @@ fn grant_head(
 
 /// Heads of queues that asked for SYNC, to be granted from a timer (see `serve`).
 static LATER: Mutex<Vec<Tag>> = Mutex::new(Vec::new());
-static LATER_ARMED: AtomicBool = AtomicBool::new(false);
+static LATER_TIMER: timer::Single = timer::Single::new();
 
 fn later() -> MutexGuard<'static, Vec<Tag>> {
     LATER
@@ -231,23 +230,16 @@ fn grant_later(ctx: &Context, tag: &Tag) {
     if !later.contains(tag) {
         later.push(tag.clone());
     }
-    if !LATER_ARMED.swap(true, Ordering::Relaxed) && timer::create(ctx, 0, grant_deferred).is_none()
-    {
-        LATER_ARMED.store(false, Ordering::Relaxed);
-    }
+    LATER_TIMER.arm(ctx, 0, grant_deferred);
 }
 
 /// The timer: grants each SYNC head still at the head of a free lock, then waits for replicas
 /// before answering it.
 fn grant_deferred(ctx: &Context) {
-    LATER_ARMED.store(false, Ordering::Relaxed);
+    LATER_TIMER.fired();
     if avoid_replica_traffic() {
         // Paused clients: no grant may be replicated now; try again shortly.
-        if !LATER_ARMED.swap(true, Ordering::Relaxed)
-            && timer::create(ctx, 10, grant_deferred).is_none()
-        {
-            LATER_ARMED.store(false, Ordering::Relaxed);
-        }
+        LATER_TIMER.arm(ctx, 10, grant_deferred);
         return;
     }
     let tags = std::mem::take(&mut *later());
