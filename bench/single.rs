@@ -1,12 +1,15 @@
 //! Single commands under redis-benchmark (50 clients, pipelines 1 and 16) against what a client
 //! sends without the module: ACQUIRE vs `SET NX PX`, RELEASE vs the compare-and-delete script
-//! and RENEW vs the compare-and-PEXPIRE script through EVALSHA, FENCE vs GET. Each round runs
+//! and RENEW vs the compare-and-PEXPIRE script through EVALSHA, FENCE vs GET. Where the server
+//! has them (Valkey 9), RELEASE is also measured against `DELIFEQ` and RENEW against
+//! `SET ... IFEQ ... PX`, the server's own compare-and-delete and compare-and-set. Each round runs
 //! every pair back to back, baseline and module in alternating order; the ratio is the median
 //! of the per-round ratios.
 
 use std::fmt::Write;
 use std::time::Instant;
 
+use crate::common::{Conn, Reply};
 use crate::util::{
     self, flushdb, info_u64, load_script, lua, median, pair, preload, progress, redis_benchmark,
     redis_benchmark_db, select, verdict, Pinning, Settings, TOKEN,
@@ -79,9 +82,30 @@ pub struct Outcome {
     pub goals: Vec<(String, bool)>,
 }
 
+/// The server's own conditional commands, probed (never assumed from a version).
+struct Conditional {
+    /// `DELIFEQ key value` (Valkey 9.0+).
+    delifeq: bool,
+    /// `SET key value IFEQ value` (Valkey 8.1+).
+    set_ifeq: bool,
+}
+
+impl Conditional {
+    fn probe(conn: &mut Conn) -> Conditional {
+        let delifeq = conn.call(&["COMMAND", "INFO", "DELIFEQ"]).items()[0] != Reply::Nil;
+        // On a missing key IFEQ sets nothing and replies nil; a server without it refuses.
+        let set_ifeq = conn.call(&["SET", "bench:probe", "x", "IFEQ", "y"]) == Reply::Nil;
+        Conditional { delifeq, set_ifeq }
+    }
+}
+
+const DELIFEQ: &str = "DELIFEQ key token";
+const SET_IFEQ: &str = "SET key token IFEQ token PX ttl";
+
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
     let server = pinning.server(util::bench_config());
     let mut conn = server.conn();
+    let conditional = Conditional::probe(&mut conn);
     let release_sha = load_script(&mut conn, lua::RELEASE);
     let renew_sha = load_script(&mut conn, lua::RENEW);
     let locks_sha = load_script(&mut conn, lua::PRELOAD_LOCKS);
@@ -108,6 +132,12 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             Some(2.0),
         ));
         rows.push(Row::new("LOCK.FENCE", "GET", pipeline, None));
+        if conditional.delifeq {
+            rows.push(Row::new("LOCK.RELEASE", DELIFEQ, pipeline, None));
+        }
+        if conditional.set_ifeq {
+            rows.push(Row::new("LOCK.RENEW", SET_IFEQ, pipeline, None));
+        }
     }
     let requests = |pipeline: usize| {
         if pipeline == 1 {
@@ -162,7 +192,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                     )
                 }
             });
-            row(&mut rows, "LOCK.ACQUIRE (fresh keys)", pipeline).record(b, m);
+            row(&mut rows, "SET key token NX PX ttl", pipeline).record(b, m);
         }
 
         // RENEW and FENCE on the held locks and strings in database 1.
@@ -191,7 +221,18 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                     )
                 }
             });
-            row(&mut rows, "LOCK.RENEW", pipeline).record(b, m);
+            row(&mut rows, "EVALSHA compare-and-PEXPIRE", pipeline).record(b, m);
+            if conditional.set_ifeq {
+                let (b, m) = pair(module_first, |module| {
+                    let command: &[&str] = if module {
+                        &["LOCK.RENEW", "l:__rand_int__", TOKEN, TTL]
+                    } else {
+                        &["SET", "s:__rand_int__", TOKEN, "IFEQ", TOKEN, "PX", TTL]
+                    };
+                    redis_benchmark_db(&server, HELD_DB, CLIENTS, n, pipeline, held, command)
+                });
+                row(&mut rows, SET_IFEQ, pipeline).record(b, m);
+            }
             // The fence 1 is never current: every FENCE looks the lock up and replies 0.
             let (b, m) = pair(module_first, |module| {
                 if !module {
@@ -216,52 +257,57 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                     )
                 }
             });
-            row(&mut rows, "LOCK.FENCE", pipeline).record(b, m);
+            row(&mut rows, "GET", pipeline).record(b, m);
         }
 
-        // RELEASE vs compare-and-delete: 2n keys held by TOKEN, n releases of random ones, so
-        // most requests find their key held (about 79%) and the rest find it released.
+        // RELEASE vs compare-and-delete (and DELIFEQ): 2n keys held by TOKEN, n releases of
+        // random ones, so most requests find their key held (about 79%) and the rest find it
+        // released.
+        let baselines: &[&str] = if conditional.delifeq {
+            &["EVALSHA compare-and-delete", DELIFEQ]
+        } else {
+            &["EVALSHA compare-and-delete"]
+        };
         for pipeline in [1, 16] {
             let n = requests(pipeline);
             let keys = 2 * n;
-            let (b, m) = pair(module_first, |module| {
-                if !module {
+            for &baseline in baselines {
+                let (b, m) = pair(module_first, |module| {
                     flushdb(&mut conn);
-                    preload(&mut conn, &strings_sha, "s:", keys, 50_000, || {
-                        vec![TOKEN.into(), "600000".into()]
-                    });
-                    let result = redis_benchmark(
-                        &server,
-                        CLIENTS,
-                        n,
-                        pipeline,
-                        keys,
-                        &["EVALSHA", &release_sha, "1", "s:__rand_int__", TOKEN],
-                    );
-                    let left = conn.call(&["DBSIZE"]).int() as u64;
-                    baseline_hits.0 += keys as u64 - left;
-                    baseline_hits.1 += n as u64;
-                    result
-                } else {
-                    flushdb(&mut conn);
-                    preload(&mut conn, &locks_sha, "l:", keys, 50_000, || {
-                        vec![TOKEN.into(), "600000".into()]
-                    });
-                    let before = info_u64(&mut conn, "lock", "lock_released");
-                    let result = redis_benchmark(
-                        &server,
-                        CLIENTS,
-                        n,
-                        pipeline,
-                        keys,
-                        &["LOCK.RELEASE", "l:__rand_int__", TOKEN],
-                    );
-                    release_hits.0 += info_u64(&mut conn, "lock", "lock_released") - before;
-                    release_hits.1 += n as u64;
-                    result
-                }
-            });
-            row(&mut rows, "LOCK.RELEASE", pipeline).record(b, m);
+                    if !module {
+                        preload(&mut conn, &strings_sha, "s:", keys, 50_000, || {
+                            vec![TOKEN.into(), "600000".into()]
+                        });
+                        let command: &[&str] = if baseline == DELIFEQ {
+                            &["DELIFEQ", "s:__rand_int__", TOKEN]
+                        } else {
+                            &["EVALSHA", &release_sha, "1", "s:__rand_int__", TOKEN]
+                        };
+                        let result = redis_benchmark(&server, CLIENTS, n, pipeline, keys, command);
+                        let left = conn.call(&["DBSIZE"]).int() as u64;
+                        baseline_hits.0 += keys as u64 - left;
+                        baseline_hits.1 += n as u64;
+                        result
+                    } else {
+                        preload(&mut conn, &locks_sha, "l:", keys, 50_000, || {
+                            vec![TOKEN.into(), "600000".into()]
+                        });
+                        let before = info_u64(&mut conn, "lock", "lock_released");
+                        let result = redis_benchmark(
+                            &server,
+                            CLIENTS,
+                            n,
+                            pipeline,
+                            keys,
+                            &["LOCK.RELEASE", "l:__rand_int__", TOKEN],
+                        );
+                        release_hits.0 += info_u64(&mut conn, "lock", "lock_released") - before;
+                        release_hits.1 += n as u64;
+                        result
+                    }
+                });
+                row(&mut rows, baseline, pipeline).record(b, m);
+            }
         }
     }
     drop(conn);
@@ -330,8 +376,9 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     Outcome { table, goals }
 }
 
-fn row<'a>(rows: &'a mut [Row], name: &str, pipeline: usize) -> &'a mut Row {
+/// The row of `baseline` (each baseline names one row per pipeline).
+fn row<'a>(rows: &'a mut [Row], baseline: &str, pipeline: usize) -> &'a mut Row {
     rows.iter_mut()
-        .find(|r| r.name == name && r.pipeline == pipeline)
+        .find(|r| r.baseline == baseline && r.pipeline == pipeline)
         .expect("row")
 }

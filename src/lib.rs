@@ -173,6 +173,14 @@ export_module!(MODULE_NAME, MODULE_VERSION, register);
 
 /// Everything the module registers, in order. Called once, from `RedisModule_OnLoad`.
 fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String> {
+    let missing = host::api::missing_required();
+    if !missing.is_empty() {
+        return Err(format!(
+            "this server lacks module API functions the module needs ({}): Redis 7.0+ or \
+             Valkey 8.0+ required",
+            missing.join(", ")
+        ));
+    }
     // Arguments first: a refused load must not leave a registered data type behind (Redis
     // never frees it).
     config::check_arg_names(args)?;
@@ -194,5 +202,10 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     host::events::subscribe::<service::events::Events>(ctx)?;
     service::leases::set_due_handler(service::expiry::on_due);
     service::safety::check(ctx);
+    host::log_notice(&format!(
+        "lock module: on {}; {}",
+        host::api::server_name(ctx),
+        host::api::Optional::probe().describe()
+    ));
     Ok(())
 }

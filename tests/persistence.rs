@@ -320,7 +320,14 @@ fn aof_restart_case(preamble: &str, rewrite: bool) {
         assert_eq!(bases.len(), 1, "{bases:?}");
         let base = std::fs::read(&bases[0]).expect("read base AOF");
         if preamble == "yes" {
-            assert!(base.starts_with(b"REDIS"), "RDB preamble");
+            // Redis and Valkey 8 write `REDIS0010`-style headers, Valkey 9 `VALKEY080`.
+            let identity = server.identity();
+            let magic: &[u8] = if identity.product == Product::Valkey && identity.version.0 >= 9 {
+                b"VALKEY"
+            } else {
+                b"REDIS"
+            };
+            assert!(base.starts_with(magic), "RDB preamble on {identity:?}");
         } else {
             // The module's AOF rewrite restates each lock as LOCK.APPLY ... sync ...
             assert!(

@@ -4,6 +4,7 @@
 //! inside [`guarded`], so a panic never crosses into Redis (it would abort the server and drop
 //! every client).
 //!
+//! - [`api`]: which parts of the module API this server has (required and optional);
 //! - [`command`]: command registration (flags, key specs, docs, ACL) and the command entry point;
 //! - [`blocking`]: clients blocked on keys, with their reply, timeout, disconnect and free calls;
 //! - [`timer`], [`events`]: timers, server events and keyspace notifications;
@@ -12,6 +13,7 @@
 //! - [`server`]: time, databases, clients, context flags;
 //! - [`config`], [`info`]: `CONFIG` and `INFO` registration.
 
+pub mod api;
 pub mod blocking;
 pub mod command;
 pub mod config;

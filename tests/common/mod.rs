@@ -622,18 +622,78 @@ pub fn wait_replica_caught_up(primary: &Server, replica: &Server) {
     });
 }
 
+/// Which server the tests run on, as it names itself in `INFO server`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    Redis,
+    Valkey,
+}
+
+/// The server under test: product and version. Valkey reports `redis_version:7.2.4` whatever its
+/// own version, so its `server_name` and `valkey_version` are read instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub product: Product,
+    pub version: (u32, u32, u32),
+}
+
+impl Identity {
+    /// The server lets modules put commands in ACL categories (RedisModule_SetCommandACLCategories:
+    /// Redis 7.2+, every Valkey).
+    pub fn command_acl_categories(&self) -> bool {
+        match self.product {
+            Product::Redis => self.version >= (7, 2, 0),
+            Product::Valkey => true,
+        }
+    }
+
+    /// The server lets modules add their own ACL category (RedisModule_AddACLCategory: Redis
+    /// 7.4+, Valkey 8.0+).
+    pub fn module_acl_category(&self) -> bool {
+        match self.product {
+            Product::Redis => self.version >= (7, 4, 0),
+            Product::Valkey => self.version >= (8, 0, 0),
+        }
+    }
+
+    /// `ACL CAT lock` names the module's commands. Valkey 8.0 leaves module commands out of
+    /// ACL CAT's lists (seen on 8.0.1; 9.1.2 lists them), though `+@lock` and `-@lock` work.
+    pub fn acl_cat_lists_module_commands(&self) -> bool {
+        match self.product {
+            Product::Redis => self.module_acl_category(),
+            Product::Valkey => self.version >= (9, 0, 0),
+        }
+    }
+
+    /// The server has COMMANDLOG (Valkey 8.1+), beside SLOWLOG.
+    pub fn commandlog(&self) -> bool {
+        self.product == Product::Valkey && self.version >= (8, 1, 0)
+    }
+}
+
 impl Server {
-    /// The server's version from `INFO server` (`redis_version`), as (major, minor, patch).
-    pub fn version(&self) -> (u32, u32, u32) {
-        let text = self
-            .info_field("server", "redis_version")
-            .expect("INFO server has redis_version");
+    /// The server's product and version, from `INFO server`.
+    pub fn identity(&self) -> Identity {
+        let valkey = self.info_field("server", "valkey_version");
+        let product = match self.info_field("server", "server_name").as_deref() {
+            Some("valkey") => Product::Valkey,
+            _ => Product::Redis,
+        };
+        let text = match product {
+            Product::Valkey => valkey.expect("Valkey's INFO server has valkey_version"),
+            Product::Redis => self
+                .info_field("server", "redis_version")
+                .expect("INFO server has redis_version"),
+        };
         let mut parts = text.split('.').map(|p| {
             p.parse::<u32>()
-                .unwrap_or_else(|_| panic!("redis_version {text}"))
+                .unwrap_or_else(|_| panic!("version {text}"))
         });
         let mut next = || parts.next().unwrap_or(0);
-        (next(), next(), next())
+        Identity {
+            product,
+            version: (next(), next(), next()),
+        }
     }
 }
 

@@ -50,7 +50,7 @@ fn command_docs_describe_every_lock_command() {
 #[test]
 fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
     let server = Server::start();
-    let version = server.version();
+    let identity = server.identity();
     let mut c = server.conn();
     let arity = |name: &str| match name {
         "lock.acquire" => -4,
@@ -85,13 +85,13 @@ fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
         let mut categories = texts(&info[6]);
         categories.sort();
         let mut expected = Vec::new();
-        if name == "lock.forcerelease" && version >= (7, 2, 0) {
+        if name == "lock.forcerelease" && identity.command_acl_categories() {
             expected.push("@dangerous".to_string());
         }
-        if version >= (7, 4, 0) {
+        if identity.module_acl_category() {
             expected.push("@lock".to_string());
         }
-        assert_eq!(categories, expected, "{name} on {version:?}");
+        assert_eq!(categories, expected, "{name} on {identity:?}");
 
         let specs = info[8].items();
         assert_eq!(specs.len(), 1, "{name}: {specs:?}");

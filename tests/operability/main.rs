@@ -14,6 +14,7 @@ mod counters;
 mod gauges;
 mod latency;
 mod redaction;
+mod servers;
 mod warnings;
 
 use common::*;
