@@ -276,6 +276,52 @@ fn a_primary_killed_hands_acknowledged_locks_to_its_replica() {
     failover(false);
 }
 
+/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) ships module values through their
+/// AOF rewrite callback and requires every loaded module to declare that it handles it. The lock
+/// module does not (yet): the server refuses the migration up front and nothing moves or
+/// changes; MIGRATE and `--cluster reshard` (tested above) move locks. Servers without atomic
+/// slot migration only show that they lack the command.
+#[test]
+fn atomic_slot_migration_is_refused_and_changes_nothing() {
+    let cluster = Cluster::start(3, false);
+    let mut c = cluster.nodes[0].conn();
+    let info = c.call(&["COMMAND", "INFO", "cluster|migrateslots"]);
+    let identity = cluster.nodes[0].identity();
+    let has_it = identity.product == Product::Valkey && identity.version.0 >= 9;
+    assert_eq!(info.items()[0] != Reply::Nil, has_it, "{identity:?}: {info:?}");
+    if !has_it {
+        return;
+    }
+    let key = key_on(&cluster, 0, "atomic");
+    let slot = key_slot(&key).to_string();
+    let fence = acquire(&mut c, &key, "holder", 60_000);
+    let mut waiter = blocked_in(
+        &cluster,
+        0,
+        &["LOCK.ACQUIRE", &key, "w", "60000", "WAIT", "0"],
+    );
+    let reply = c.call(&[
+        "CLUSTER",
+        "MIGRATESLOTS",
+        "SLOTSRANGE",
+        &slot,
+        &slot,
+        "NODE",
+        &cluster.ids[1],
+    ]);
+    assert_eq!(
+        reply,
+        Reply::error(
+            "ERR The module lock does not support atomic slot migrations. Please ensure all \
+             modules have declared support for atomic slot migration and try again"
+        )
+    );
+    assert_eq!(cluster.owner_of(&key), 0);
+    assert_eq!(fence_of(&mut c, &key), fence);
+    assert_eq!(c.call(&["LOCK.RELEASE", &key, "holder"]), Reply::Int(1));
+    assert!(waiter.read().int() > fence, "the waiter is served where it waits");
+}
+
 /// A key whose slot is `slot`, named from `prefix`.
 fn key_in_slot(slot: u16, prefix: &str) -> String {
     (0..)
