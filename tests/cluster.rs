@@ -288,7 +288,11 @@ fn atomic_slot_migration_is_refused_and_changes_nothing() {
     let info = c.call(&["COMMAND", "INFO", "cluster|migrateslots"]);
     let identity = cluster.nodes[0].identity();
     let has_it = identity.product == Product::Valkey && identity.version.0 >= 9;
-    assert_eq!(info.items()[0] != Reply::Nil, has_it, "{identity:?}: {info:?}");
+    assert_eq!(
+        info.items()[0] != Reply::Nil,
+        has_it,
+        "{identity:?}: {info:?}"
+    );
     if !has_it {
         return;
     }
@@ -319,7 +323,10 @@ fn atomic_slot_migration_is_refused_and_changes_nothing() {
     assert_eq!(cluster.owner_of(&key), 0);
     assert_eq!(fence_of(&mut c, &key), fence);
     assert_eq!(c.call(&["LOCK.RELEASE", &key, "holder"]), Reply::Int(1));
-    assert!(waiter.read().int() > fence, "the waiter is served where it waits");
+    assert!(
+        waiter.read().int() > fence,
+        "the waiter is served where it waits"
+    );
 }
 
 /// A key whose slot is `slot`, named from `prefix`.
