@@ -10,6 +10,9 @@ CARGO        ?= cargo
 REDIS_SERVER ?= redis-server
 # Port for `make run`.
 PORT         ?= 6379
+# Where `make run` keeps the server's AOF and RDB files. Valkey 9 writes files Redis cannot read:
+# give each server its own, e.g. `make run REDIS_SERVER=valkey-server DATA=data-valkey`.
+DATA         ?= data
 # Module arguments for `make run`, e.g. MODULE_ARGS="max-ttl 60000".
 MODULE_ARGS  ?=
 # Test name filter for `make test`, e.g. TEST=fence.
@@ -46,7 +49,7 @@ CHECK_DEPS := missing=; \
 DEBIAN_REDIS_PIDFILE := /run/redis/redis-server.pid
 
 help: ## Show this list (the default target)
-	@echo "Usage: make <target> [PORT=6379] [MODULE_ARGS=\"max-ttl 60000\"] [TEST=filter]"
+	@echo "Usage: make <target> [PORT=6379] [DATA=data] [MODULE_ARGS=\"max-ttl 60000\"] [TEST=filter]"
 	@echo "                     [REDIS_SERVER=/path/to/redis-server]"
 	@echo
 	@awk -F ':.*## ' '/^[a-z][a-zA-Z_-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -96,11 +99,11 @@ debug: deps
 	$(CARGO) build
 
 run: release ## Build, then run redis-server in the foreground with the module on PORT (Ctrl-C stops)
-	@mkdir -p data
+	@mkdir -p data "$(DATA)"  # redis.conf.example names ./data before --dir overrides it
 	@if command -v redis-cli >/dev/null 2>&1 && redis-cli -p $(PORT) ping >/dev/null 2>&1; then \
 		echo "Port $(PORT) is taken (a system Redis?). Use another one: make run PORT=6380"; exit 1; fi
-	@echo "Lock module on 127.0.0.1:$(PORT), data in ./data. Connect with: redis-cli -p $(PORT)"
-	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) \
+	@echo "Lock module on 127.0.0.1:$(PORT), data in $(DATA). Connect with: redis-cli -p $(PORT)"
+	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) --dir "$(abspath $(DATA))" \
 		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
 
 test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER)
