@@ -188,7 +188,7 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         .iter()
         .map(|config| config::value_from_args(config, args))
         .collect::<Result<Vec<_>, _>>()?;
-    host::set_module_options(ctx);
+    host::set_module_options(ctx, 0);
     host::value::create_type(ctx, &service::value::LOCK_TYPE)?;
     for (config, default) in config::ALL.into_iter().zip(defaults) {
         host::config::register_numeric(ctx, config, default)?;
@@ -199,13 +199,20 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         host::command::create_command(ctx, command, category, SINCE)?;
     }
     host::info::register::<service::Info>(ctx)?;
-    host::events::subscribe::<service::events::Events>(ctx)?;
+    let slot_imports =
+        host::events::subscribe::<service::events::Events>(ctx, host::api::is_valkey(ctx))?;
+    if slot_imports {
+        // Valkey 9's atomic slot migration asks every module to declare it handles it: the
+        // module keeps the locks of slots being imported inert until the import completes
+        // (service::expiry).
+        host::set_module_options(ctx, host::api::VALKEY_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION);
+    }
     service::leases::set_due_handler(service::expiry::on_due);
     service::safety::check(ctx);
     host::log_notice(&format!(
         "lock module: on {}; {}",
         host::api::server_name(ctx),
-        host::api::Optional::probe().describe()
+        host::api::Optional::probe(slot_imports).describe()
     ));
     Ok(())
 }

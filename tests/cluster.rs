@@ -276,33 +276,146 @@ fn a_primary_killed_hands_acknowledged_locks_to_its_replica() {
     failover(false);
 }
 
-/// Valkey 9's atomic slot migration (`CLUSTER MIGRATESLOTS`) ships module values through their
-/// AOF rewrite callback and requires every loaded module to declare that it handles it. The lock
-/// module does not (yet): the server refuses the migration up front and nothing moves or
-/// changes; MIGRATE and `--cluster reshard` (tested above) move locks. Servers without atomic
-/// slot migration only show that they lack the command.
-#[test]
-fn atomic_slot_migration_is_refused_and_changes_nothing() {
-    let cluster = Cluster::start(3, false);
-    let mut c = cluster.nodes[0].conn();
-    let info = c.call(&["COMMAND", "INFO", "cluster|migrateslots"]);
+/// The server has atomic slot migration (`CLUSTER MIGRATESLOTS`, Valkey 9), and the module
+/// declared it handles it; elsewhere the command does not exist.
+fn has_atomic_slot_migration(cluster: &Cluster) -> bool {
     let identity = cluster.nodes[0].identity();
-    let has_it = identity.product == Product::Valkey && identity.version.0 >= 9;
+    let has_it = identity.atomic_slot_migration();
+    let info = cluster.nodes[0]
+        .conn()
+        .call(&["COMMAND", "INFO", "cluster|migrateslots"]);
     assert_eq!(
         info.items()[0] != Reply::Nil,
         has_it,
         "{identity:?}: {info:?}"
     );
-    if !has_it {
+    if has_it {
+        assert!(cluster.nodes[0]
+            .log()
+            .contains("atomic slot migration: yes"));
+    }
+    has_it
+}
+
+/// Valkey 9's atomic slot migration moves a slot with a held lock, a free lock, a session lock
+/// and a lease ending during the move, while a client waits: the locks arrive with holder and
+/// fence, the waiter is told to retry at once and is served on the new node, and the lease
+/// that ran out during the move was expired by the source only (the new node applies the
+/// source's expiry and never expires a lock of a slot it is still importing). The source's
+/// snapshot is slowed (`rdb-key-save-delay`) so the import outlasts that lease.
+#[test]
+fn atomic_slot_migration_carries_locks_and_leaves_their_leases_to_the_source() {
+    let cluster = Cluster::start(3, false);
+    if !has_atomic_slot_migration(&cluster) {
         return;
     }
-    let key = key_on(&cluster, 0, "atomic");
-    let slot = key_slot(&key).to_string();
-    let fence = acquire(&mut c, &key, "holder", 60_000);
+    let tag = key_on(&cluster, 0, "asm");
+    let key = |name: &str| format!("{{{tag}}}:{name}");
+    let slot = key_slot(&key("held")).to_string();
+    let mut c = cluster.nodes[0].conn();
+    let held = acquire(&mut c, &key("held"), "holder", 60_000);
+    let free = acquire(&mut c, &key("free"), "t", 60_000);
+    assert_eq!(c.call(&["LOCK.RELEASE", &key("free"), "t"]), Reply::Int(1));
+    let mut owner = cluster.nodes[0].conn();
+    assert!(
+        owner
+            .call(&["LOCK.ACQUIRE", &key("session"), "s", "60000", "SESSION"])
+            .int()
+            > 0
+    );
     let mut waiter = blocked_in(
         &cluster,
         0,
-        &["LOCK.ACQUIRE", &key, "w", "60000", "WAIT", "0"],
+        &["LOCK.ACQUIRE", &key("held"), "w", "60000", "WAIT", "0"],
+    );
+    let expired_before = [
+        cluster.nodes[0].info_int("lock_expired"),
+        cluster.nodes[1].info_int("lock_expired"),
+    ];
+    // 200 ms per key in the source's snapshot: the import lasts about a second.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "rdb-key-save-delay", "200000"]),
+        Reply::status("OK")
+    );
+    let short = acquire(&mut c, &key("short"), "t", 300);
+    cluster.migrate_slot_atomically(key_slot(&key("held")), 0, 1);
+    assert_eq!(cluster.owner_of(&key("held")), 1);
+
+    // The waiter was told to retry; retried, it queues on the new node.
+    assert_eq!(waiter.read(), Reply::Error(TRYAGAIN.into()));
+    let mut t = cluster.nodes[1].conn();
+    let mut retried = blocked_in(
+        &cluster,
+        1,
+        &["LOCK.ACQUIRE", &key("held"), "w", "60000", "WAIT", "0"],
+    );
+    assert_eq!(state_of(&mut t, &key("held")), "held");
+    assert_eq!(fence_of(&mut t, &key("held")), held);
+    assert_eq!(
+        t.call(&["LOCK.FENCE", &key("held"), &held.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(
+        t.call(&["LOCK.RELEASE", &key("held"), "holder"]),
+        Reply::Int(1)
+    );
+    assert!(retried.read().int() > held);
+    assert_eq!(state_of(&mut t, &key("free")), "free");
+    assert_eq!(fence_of(&mut t, &key("free")), free);
+    assert_eq!(
+        lock_field(&mut t, &key("session"), "session"),
+        Reply::Int(1)
+    );
+    // The session's connection closing on the old node leaves the lock a plain lease.
+    drop(owner);
+    assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
+    assert_eq!(state_of(&mut t, &key("session")), "held");
+    assert_eq!(
+        t.call(&["LOCK.RELEASE", &key("session"), "s"]),
+        Reply::Int(1)
+    );
+    // The short lease ended once, on the source; the new node applied that and nothing else.
+    assert_eq!(state_of(&mut t, &key("short")), "free");
+    assert_eq!(fence_of(&mut t, &key("short")), short);
+    assert_eq!(
+        [
+            cluster.nodes[0].info_int("lock_expired"),
+            cluster.nodes[1].info_int("lock_expired"),
+        ],
+        [expired_before[0] + 1, expired_before[1] + 1]
+    );
+    // The new node's grants exceed every fence it received, on any key.
+    assert!(acquire(&mut t, &key("free"), "again", 60_000) > short.max(held));
+    let resident = key_on(&cluster, 1, "resident");
+    assert!(acquire(&mut t, &resident, "t", 60_000) > short.max(held));
+    // The source kept nothing of the slot, and no waiter.
+    assert_eq!(
+        c.call(&["CLUSTER", "COUNTKEYSINSLOT", &slot]),
+        Reply::Int(0)
+    );
+    assert_eq!(cluster.nodes[0].info_int("lock_waiters"), 0);
+}
+
+/// An atomic slot migration cancelled during its snapshot changes nothing on the source, and
+/// the new node keeps nothing of it.
+#[test]
+fn a_cancelled_atomic_slot_migration_leaves_the_locks_on_the_source() {
+    let cluster = Cluster::start(3, false);
+    if !has_atomic_slot_migration(&cluster) {
+        return;
+    }
+    let tag = key_on(&cluster, 0, "cancel");
+    let key = |name: &str| format!("{{{tag}}}:{name}");
+    let slot = key_slot(&key("a")).to_string();
+    let mut c = cluster.nodes[0].conn();
+    let fences: Vec<i64> = ["a", "b", "c"]
+        .iter()
+        .map(|name| acquire(&mut c, &key(name), "holder", 60_000))
+        .collect();
+    // A second per key: the import is still under way when it is cancelled.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "rdb-key-save-delay", "1000000"]),
+        Reply::status("OK")
     );
     let reply = c.call(&[
         "CLUSTER",
@@ -313,20 +426,31 @@ fn atomic_slot_migration_is_refused_and_changes_nothing() {
         "NODE",
         &cluster.ids[1],
     ]);
+    assert_eq!(reply, Reply::status("OK"));
     assert_eq!(
-        reply,
-        Reply::error(
-            "ERR The module lock does not support atomic slot migrations. Please ensure all \
-             modules have declared support for atomic slot migration and try again"
-        )
+        c.call(&["CLUSTER", "CANCELSLOTMIGRATIONS"]),
+        Reply::status("OK")
     );
-    assert_eq!(cluster.owner_of(&key), 0);
-    assert_eq!(fence_of(&mut c, &key), fence);
-    assert_eq!(c.call(&["LOCK.RELEASE", &key, "holder"]), Reply::Int(1));
-    assert!(
-        waiter.read().int() > fence,
-        "the waiter is served where it waits"
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "rdb-key-save-delay", "0"]),
+        Reply::status("OK")
     );
+    wait_for("the new node to hold nothing of the slot", || {
+        (cluster.nodes[1].info_int("lock_keys") == 0
+            && cluster.nodes[1]
+                .conn()
+                .call(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
+                == Reply::Int(0))
+        .then_some(())
+    });
+    assert_eq!(cluster.owner_of(&key("a")), 0);
+    for (name, fence) in ["a", "b", "c"].iter().zip(fences) {
+        assert_eq!(fence_of(&mut c, &key(name)), fence);
+        assert_eq!(
+            c.call(&["LOCK.RELEASE", &key(name), "holder"]),
+            Reply::Int(1)
+        );
+    }
 }
 
 /// A key whose slot is `slot`, named from `prefix`.

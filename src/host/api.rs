@@ -6,6 +6,17 @@ use redis_module::{raw, Context};
 
 use crate::host::server::info_field;
 
+/// Valkey's module option for atomic slot migration (valkeymodule.h: 1 << 5). Redis has no such
+/// option (and may give the bit another meaning): set only on Valkey, once the module has
+/// subscribed to Valkey's slot migration event.
+pub const VALKEY_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION: std::ffi::c_int = 1 << 5;
+
+/// True on Valkey: the server names itself so in INFO. Only for what Valkey defines differently
+/// from Redis (an event id, an option bit); features are still probed one by one.
+pub fn is_valkey(ctx: &Context) -> bool {
+    info_field(ctx, c"server", c"server_name").as_deref() == Some("valkey")
+}
+
 /// Expands to `[(name, present), ...]` for the named API functions.
 macro_rules! presence {
     ($($function:ident),* $(,)?) => {
@@ -91,10 +102,15 @@ pub struct Optional {
     /// `RedisModule_AvoidReplicaTraffic`: no replication of expiries during CLIENT PAUSE and
     /// failovers. Without it the module replicates as usual (every supported server has it).
     pub avoid_replica_traffic: bool,
+    /// Valkey's atomic slot migration, which the module declares it handles: the server is
+    /// Valkey and has the slot migration event (see [`crate::host::events::subscribe`]).
+    pub atomic_slot_migration: bool,
 }
 
 impl Optional {
-    pub fn probe() -> Self {
+    /// What this server offers; `slot_imports`: the module subscribed to Valkey's slot
+    /// migration event.
+    pub fn probe(slot_imports: bool) -> Self {
         let [categories, category, avoid] = presence!(
             RedisModule_SetCommandACLCategories,
             RedisModule_AddACLCategory,
@@ -104,6 +120,7 @@ impl Optional {
             command_acl_categories: categories.1,
             module_acl_category: category.1,
             avoid_replica_traffic: avoid.1,
+            atomic_slot_migration: slot_imports,
         }
     }
 
@@ -111,10 +128,12 @@ impl Optional {
     pub fn describe(&self) -> String {
         let yes_no = |present: bool| if present { "yes" } else { "no" };
         format!(
-            "command ACL categories: {}, @lock category: {}, replica traffic check: {}",
+            "command ACL categories: {}, @lock category: {}, replica traffic check: {}, atomic \
+             slot migration: {}",
             yes_no(self.command_acl_categories),
             yes_no(self.module_acl_category),
             yes_no(self.avoid_replica_traffic),
+            yes_no(self.atomic_slot_migration),
         )
     }
 }

@@ -8,7 +8,7 @@ use redis_module::{raw, Context, RedisString};
 use crate::host::{guarded, ERR, OK};
 
 /// The server events the module listens to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerEvent {
     /// An RDB file, the AOF or a full sync finished loading.
     LoadingEnded,
@@ -22,7 +22,25 @@ pub enum ServerEvent {
     ConfigChanged,
     /// The client with this id disconnected.
     ClientDisconnected(u64),
+    /// Valkey's atomic slot migration: an import into this node started, completed or was
+    /// aborted (job name, inclusive slot ranges).
+    SlotImport(SlotImport, Vec<u8>, Vec<(u16, u16)>),
 }
+
+/// Where an import of slots stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotImport {
+    Started,
+    Completed,
+    Aborted,
+}
+
+/// Valkey 9's atomic slot migration event and its import subevents (valkeymodule.h). Redis gives
+/// the same id another meaning: subscribe only on Valkey ([`crate::host::api::is_valkey`]).
+pub const VALKEY_EVENT_ATOMIC_SLOT_MIGRATION: u64 = 19;
+const VALKEY_SUBEVENT_IMPORT_STARTED: u64 = 0;
+const VALKEY_SUBEVENT_IMPORT_ABORTED: u64 = 2;
+const VALKEY_SUBEVENT_IMPORT_COMPLETED: u64 = 4;
 
 /// What the module does on events. Keyspace notification callbacks must not write: defer
 /// writes to a timer.
@@ -46,6 +64,22 @@ struct SwapDbInfo {
     second: i32,
 }
 
+/// ValkeyModuleSlotRange: one inclusive range of slots.
+#[repr(C)]
+struct SlotRange {
+    start: c_int,
+    end: c_int,
+}
+
+/// ValkeyModuleAtomicSlotMigrationInfoV1.
+#[repr(C)]
+struct SlotMigrationInfo {
+    version: u64,
+    job_name: [c_char; 41],
+    slot_ranges: *const SlotRange,
+    num_slot_ranges: u32,
+}
+
 /// The head of RedisModuleClientInfoV1: enough to read the client id.
 #[repr(C)]
 struct ClientInfoHead {
@@ -55,8 +89,9 @@ struct ClientInfoHead {
 }
 
 /// Subscribes `L` to the server events above and to generic, expired and evicted keyspace
-/// notifications.
-pub fn subscribe<L: Listener>(ctx: &Context) -> Result<(), String> {
+/// notifications; on Valkey (`valkey`) also to slot imports, where the server has them. Returns
+/// whether it subscribed to slot imports.
+pub fn subscribe<L: Listener>(ctx: &Context, valkey: bool) -> Result<bool, String> {
     // SAFETY: reading the API table Redis filled in at load.
     let (subscribe, keyspace) = unsafe {
         (
@@ -78,6 +113,15 @@ pub fn subscribe<L: Listener>(ctx: &Context) -> Result<(), String> {
             return Err(format!("cannot subscribe to server event {id}"));
         }
     }
+    // A server without the event refuses the subscription (Valkey 8).
+    let slot_imports = valkey && {
+        let event = raw::RedisModuleEvent {
+            id: VALKEY_EVENT_ATOMIC_SLOT_MIGRATION,
+            dataver: 1,
+        };
+        // SAFETY: a valid context and a plain callback function.
+        unsafe { subscribe(ctx.ctx, event, Some(server_event::<L>)) == OK }
+    };
     let classes = raw::REDISMODULE_NOTIFY_GENERIC
         | raw::REDISMODULE_NOTIFY_EXPIRED
         | raw::REDISMODULE_NOTIFY_EVICTED;
@@ -85,7 +129,7 @@ pub fn subscribe<L: Listener>(ctx: &Context) -> Result<(), String> {
     if unsafe { keyspace(ctx.ctx, classes as c_int, Some(keyspace_event::<L>)) } == ERR {
         return Err("cannot subscribe to keyspace events".into());
     }
-    Ok(())
+    Ok(slot_imports)
 }
 
 /// Decodes an event Redis reports; `None` for the ones the module ignores.
@@ -119,6 +163,35 @@ unsafe fn decode(event: u64, subevent: u64, data: *mut c_void) -> Option<ServerE
             // SAFETY: for client changes the data is a RedisModuleClientInfo, per the caller.
             let info = unsafe { data.cast::<ClientInfoHead>().as_ref() }?;
             ServerEvent::ClientDisconnected(info.id)
+        }
+        VALKEY_EVENT_ATOMIC_SLOT_MIGRATION => {
+            let phase = match subevent {
+                VALKEY_SUBEVENT_IMPORT_STARTED => SlotImport::Started,
+                VALKEY_SUBEVENT_IMPORT_COMPLETED => SlotImport::Completed,
+                VALKEY_SUBEVENT_IMPORT_ABORTED => SlotImport::Aborted,
+                _ => return None,
+            };
+            // SAFETY: for this event the data is a ValkeyModuleAtomicSlotMigrationInfoV1 (or
+            // null), per the caller; its array holds `num_slot_ranges` ranges.
+            let info = unsafe { data.cast::<SlotMigrationInfo>().as_ref() }?;
+            let job = info
+                .job_name
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            let ranges = if info.slot_ranges.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: non-null, with `num_slot_ranges` elements, valid during the callback.
+                unsafe {
+                    std::slice::from_raw_parts(info.slot_ranges, info.num_slot_ranges as usize)
+                }
+                .iter()
+                .filter_map(|r| Some((u16::try_from(r.start).ok()?, u16::try_from(r.end).ok()?)))
+                .collect()
+            };
+            ServerEvent::SlotImport(phase, job, ranges)
         }
         _ => return None,
     })

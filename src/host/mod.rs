@@ -169,14 +169,16 @@ macro_rules! export_module {
 }
 
 /// The module's options: a short read while loading is an error Redis handles (instead of an
-/// abort), and keys are counted as modified only where the module says so.
-pub fn set_module_options(ctx: &redis_module::Context) {
-    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
-        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+/// abort), keys are counted as modified only where the module says so, and `extra` (options
+/// the caller found the server has, see [`api`]).
+pub fn set_module_options(ctx: &redis_module::Context, extra: c_int) {
+    let options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int
+        | extra;
     // SAFETY: a valid context, during OnLoad.
     unsafe {
         if let Some(set) = raw::RedisModule_SetModuleOptions {
-            set(ctx.ctx, options as c_int);
+            set(ctx.ctx, options);
         }
     }
 }

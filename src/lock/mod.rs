@@ -2,8 +2,8 @@
 //! server-wide fence floor ([`floor`]), the events a change is announced and replicated as
 //! ([`event`]), the one encoding of a lock for RDB, replicated effects and digests ([`codec`]),
 //! and the bookkeeping the service keeps beside the keyspace: the lease index
-//! ([`lease_index`]), the queues of waiting clients ([`queues`]) and the session owners
-//! ([`sessions`]).
+//! ([`lease_index`]), the queues of waiting clients ([`queues`]), the session owners
+//! ([`sessions`]) and the cluster slots being imported ([`slots`]).
 //!
 //! Time is always a parameter here, so every rule is unit-tested without a server.
 
@@ -16,6 +16,7 @@ pub mod lease_index;
 mod model_tests;
 pub mod queues;
 pub mod sessions;
+pub mod slots;
 
 /// A key in a database: how the queues and the session table name a lock.
 pub type KeyRef = (i32, Box<[u8]>);

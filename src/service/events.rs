@@ -54,6 +54,9 @@ impl Listener for Events {
                     deferred::defer(ctx, Job::SessionLost(client));
                 }
             }
+            ServerEvent::SlotImport(phase, job, ranges) => {
+                expiry::slot_import(ctx, phase, &job, ranges)
+            }
         }
     }
 

@@ -9,15 +9,24 @@
 //!
 //! Keys that arrive without a grant (RENAME, MOVE, COPY, RESTORE, loading) are indexed from
 //! keyspace events ([`index_key`]) and by a scan after loading ([`rebuild`]).
+//!
+//! On Valkey, locks arriving by atomic slot migration still belong to the source node until the
+//! import completes: their entries are put off ([`slot_import`]) rather than expired or reclaimed
+//! here, since the source expires them and its effects follow the import. An aborted import is
+//! deleted by the server (with `del` events).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
+use crate::host::events::SlotImport;
 use crate::host::keys::scan_values;
 use crate::host::server::{
     avoid_replica_traffic, is_loading, is_primary, key_string, now_ms, select_db, selected_db,
 };
+use crate::lock::slots::{key_slot, Imports};
 use crate::service::change;
 use crate::service::leases;
 use crate::service::value::{Stored, LOCK_TYPE};
@@ -26,6 +35,36 @@ use crate::service::value::{Stored, LOCK_TYPE};
 const SLICE: Duration = Duration::from_millis(2);
 /// How often a replica (or a loading server) looks again.
 const IDLE_RECHECK_MS: u64 = 100;
+
+/// The slots being imported into this node, and whether there are any (read on every due entry).
+static IMPORTS: Mutex<Imports> = Mutex::new(Imports::new());
+static IMPORTING: AtomicBool = AtomicBool::new(false);
+
+fn imports() -> MutexGuard<'static, Imports> {
+    IMPORTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// True while `key` is in a slot this node is importing.
+fn importing(key: &[u8]) -> bool {
+    IMPORTING.load(Ordering::Relaxed) && imports().contains(key_slot(key))
+}
+
+/// An atomic slot migration into this node started, completed or was aborted. Once its slots
+/// are this node's, the entries put off meanwhile are looked at again at once.
+pub fn slot_import(ctx: &Context, phase: SlotImport, job: &[u8], ranges: Vec<(u16, u16)>) {
+    let mut imports = imports();
+    match phase {
+        SlotImport::Started => imports.started(job, ranges),
+        SlotImport::Completed | SlotImport::Aborted => imports.ended(job),
+    }
+    IMPORTING.store(!imports.is_empty(), Ordering::Relaxed);
+    drop(imports);
+    if phase == SlotImport::Completed {
+        leases::arm_next(ctx, Some(now_ms()));
+    }
+}
 
 /// The timer's handler: expire what is due, then re-arm for the next deadline.
 pub fn on_due(ctx: &Context) {
@@ -43,7 +82,10 @@ pub fn on_due(ctx: &Context) {
     let started = Instant::now();
     let mut more_due = false;
     while let Some(due) = leases::pop_due(now) {
-        if select_db(ctx, due.db) {
+        if importing(&due.key) {
+            // Still the source node's lock: look again later.
+            leases::insert(ctx, now + IDLE_RECHECK_MS, due.db, due.id, &due.key);
+        } else if select_db(ctx, due.db) {
             change::visit_due(ctx, &key_string(ctx, &due.key), due.id, now);
         }
         if started.elapsed() >= SLICE {

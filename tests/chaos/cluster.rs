@@ -1,7 +1,8 @@
 //! The oracle against a Redis Cluster: six nodes (three primaries with a replica each), clients
 //! that follow the cluster's redirects and ask for SYNC 1 on every ACQUIRE and RENEW, and a
-//! controller that moves the locks' slots between primaries under load and kills one primary
-//! (its replica takes over). Every invariant must hold.
+//! controller that moves the locks' slots between primaries under load (on Valkey 9 every other
+//! move by atomic slot migration) and kills one primary (its replica takes over). Every
+//! invariant must hold.
 
 use crate::clients::{fences_now, run_load, standard_load, Shared};
 use crate::common::cluster::{key_slot, Cluster};
@@ -28,6 +29,7 @@ fn cluster_chaos() -> Report {
     let p = params();
     let started = Instant::now();
     let mut cluster = Cluster::start(3, true);
+    let atomic = cluster.nodes[0].identity().atomic_slot_migration();
     let mut load = standard_load("cc");
     // Three hash tags: three slots, each holding a third of the keys, moved whole.
     load.keys = (0..p.keys)
@@ -77,7 +79,13 @@ fn cluster_chaos() -> Report {
                     })
                     .collect();
                 let to = *rng.pick(&primaries);
-                cluster.migrate_slot(slot, from, to);
+                // Where the server has atomic slot migration (Valkey 9), every other move
+                // uses it.
+                if atomic && round % 2 == 1 {
+                    cluster.migrate_slot_atomically(slot, from, to);
+                } else {
+                    cluster.migrate_slot(slot, from, to);
+                }
             }
             let after = cluster_fences(&cluster, &keys);
             sh.history

@@ -273,4 +273,53 @@ impl Cluster {
         self.move_keys(slot, from, to);
         self.end_migration(slot, to);
     }
+
+    /// The states of the atomic slot migrations node `node` knows (`CLUSTER GETSLOTMIGRATIONS`:
+    /// those in progress and the recent finished ones).
+    pub fn slot_migration_states(&self, node: usize) -> Vec<String> {
+        let jobs = self.nodes[node]
+            .conn()
+            .call(&["CLUSTER", "GETSLOTMIGRATIONS"]);
+        jobs.items()
+            .iter()
+            .filter_map(|job| {
+                let fields = job.items();
+                let at = fields.iter().position(|f| *f == Reply::bulk("state"))?;
+                Some(fields[at + 1].text())
+            })
+            .collect()
+    }
+
+    /// Moves `slot` from `from` to `to` by atomic slot migration (Valkey 9's
+    /// `CLUSTER MIGRATESLOTS`) and waits until it succeeded; panics if it failed.
+    pub fn migrate_slot_atomically(&self, slot: u16, from: usize, to: usize) {
+        let count = |state: &str| {
+            self.slot_migration_states(from)
+                .iter()
+                .filter(|s| *s == state)
+                .count()
+        };
+        let (succeeded, failed) = (count("success"), count("failed") + count("cancelled"));
+        let slot = slot.to_string();
+        let reply = self.nodes[from].conn().call(&[
+            "CLUSTER",
+            "MIGRATESLOTS",
+            "SLOTSRANGE",
+            &slot,
+            &slot,
+            "NODE",
+            &self.ids[to],
+        ]);
+        assert_eq!(reply, Reply::status("OK"), "slot {slot}");
+        wait_for("the atomic slot migration to succeed", || {
+            assert_eq!(
+                count("failed") + count("cancelled"),
+                failed,
+                "slot {slot}: {:?}",
+                self.slot_migration_states(from)
+            );
+            (count("success") > succeeded).then_some(())
+        });
+        self.wait_ok();
+    }
 }

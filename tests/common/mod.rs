@@ -313,13 +313,33 @@ impl Server {
         });
     }
 
-    /// Waits until every replica of this primary acknowledged all writes so far.
+    /// Waits until `count` replicas of this primary acknowledged all writes so far (the
+    /// primary's replication offset now). Read from INFO replication rather than with WAIT on
+    /// a new connection: WAIT waits for that connection's own last write, and Valkey 8 does not
+    /// move it for a command that wrote nothing (a PING), so WAIT would return at once.
     pub fn sync_replicas(&self, count: i64) {
-        let mut conn = self.conn();
-        // WAIT waits for the offset of this connection's last command: make that "now".
-        assert_eq!(conn.call(&["PING"]), Reply::status("PONG"));
-        let acked = conn.call(&["WAIT", &count.to_string(), "10000"]).int();
-        assert_eq!(acked, count, "replicas acknowledged");
+        let target: i64 = self
+            .info_field("replication", "master_repl_offset")
+            .expect("master_repl_offset")
+            .parse()
+            .expect("integer offset");
+        wait_for(
+            &format!("{count} replicas to acknowledge offset {target}"),
+            || {
+                let info = self.conn().call(&["INFO", "replication"]).text();
+                let acked = info
+                    .lines()
+                    .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                    .filter_map(|line| {
+                        line.split(',')
+                            .find_map(|field| field.strip_prefix("offset="))
+                            .and_then(|offset| offset.parse::<i64>().ok())
+                    })
+                    .filter(|&offset| offset >= target)
+                    .count();
+                (acked as i64 >= count).then_some(())
+            },
+        );
     }
 }
 
@@ -663,6 +683,12 @@ impl Identity {
             Product::Redis => self.module_acl_category(),
             Product::Valkey => self.version >= (9, 0, 0),
         }
+    }
+
+    /// The server has atomic slot migration (`CLUSTER MIGRATESLOTS`, Valkey 9), which the
+    /// module handles.
+    pub fn atomic_slot_migration(&self) -> bool {
+        self.product == Product::Valkey && self.version >= (9, 0, 0)
     }
 
     /// The server has COMMANDLOG (Valkey 8.1+), beside SLOWLOG.

@@ -2,13 +2,13 @@
 //! server's module API has the function (never by version: Valkey says `redis_version:7.2.4`);
 //! these tests hold the expected outcome per server, from the server's own name and version.
 //!
-//! | server        | command ACL categories | `@lock` category | ACL CAT lock lists | COMMANDLOG |
-//! |---------------|------------------------|------------------|--------------------|------------|
-//! | Redis 7.0     | no                     | no               | (no category)      | no         |
-//! | Redis 7.2     | yes                    | no               | (no category)      | no         |
-//! | Redis 7.4, 8  | yes                    | yes              | the commands       | no         |
-//! | Valkey 8.0    | yes                    | yes              | nothing            | no         |
-//! | Valkey 9      | yes                    | yes              | the commands       | yes        |
+//! | server        | command ACL categories | `@lock` category | ACL CAT lock lists | COMMANDLOG | atomic slot migration |
+//! |---------------|------------------------|------------------|--------------------|------------|-----------------------|
+//! | Redis 7.0     | no                     | no               | (no category)      | no         | no                    |
+//! | Redis 7.2     | yes                    | no               | (no category)      | no         | no                    |
+//! | Redis 7.4, 8  | yes                    | yes              | the commands       | no         | no (8.2 tested)       |
+//! | Valkey 8.0    | yes                    | yes              | nothing            | no         | no                    |
+//! | Valkey 9      | yes                    | yes              | the commands       | yes        | yes                   |
 //!
 //! Redis 7.0.15, 8.2.3 and Valkey 8.0.1, 9.1.2 are tested (`make test-matrix`).
 
@@ -35,9 +35,10 @@ fn the_module_logs_the_server_and_the_optional_api_it_found() {
     let (major, minor, patch) = identity.version;
     let expected = format!(
         "lock module: on {product} {major}.{minor}.{patch}; command ACL categories: {}, @lock \
-         category: {}, replica traffic check: yes",
+         category: {}, replica traffic check: yes, atomic slot migration: {}",
         yes_no(identity.command_acl_categories()),
         yes_no(identity.module_acl_category()),
+        yes_no(identity.atomic_slot_migration()),
     );
     let log = server.log();
     assert!(
