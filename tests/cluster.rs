@@ -417,16 +417,7 @@ fn a_cancelled_atomic_slot_migration_leaves_the_locks_on_the_source() {
         c.call(&["CONFIG", "SET", "rdb-key-save-delay", "1000000"]),
         Reply::status("OK")
     );
-    let reply = c.call(&[
-        "CLUSTER",
-        "MIGRATESLOTS",
-        "SLOTSRANGE",
-        &slot,
-        &slot,
-        "NODE",
-        &cluster.ids[1],
-    ]);
-    assert_eq!(reply, Reply::status("OK"));
+    cluster.start_atomic_migration(key_slot(&key("a")), 0, 1);
     assert_eq!(
         c.call(&["CLUSTER", "CANCELSLOTMIGRATIONS"]),
         Reply::status("OK")

@@ -17,6 +17,8 @@ mod model_tests;
 pub mod queues;
 pub mod sessions;
 pub mod slots;
+#[cfg(test)]
+mod slots_tests;
 
 /// A key in a database: how the queues and the session table name a lock.
 pub type KeyRef = (i32, Box<[u8]>);

@@ -5,37 +5,17 @@
 
 use super::*;
 
-pub const SLOTS: u16 = 16384;
+pub use slots::SLOTS;
 
-/// The CRC16 (XMODEM) Redis Cluster hashes keys with.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
+/// The module's own slot function (a pure file, shared rather than written twice); the tests
+/// check it against the servers' routing.
+#[allow(dead_code)]
+#[path = "../../src/lock/slots.rs"]
+mod slots;
 
 /// The slot of `key`, hash tags included (`{order:42}:lock` hashes `order:42`).
 pub fn key_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let hashed = bytes
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &bytes[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(bytes);
-    crc16(hashed) % SLOTS
+    slots::key_slot(key.as_bytes())
 }
 
 pub fn cluster_config() -> Config {
@@ -290,16 +270,9 @@ impl Cluster {
             .collect()
     }
 
-    /// Moves `slot` from `from` to `to` by atomic slot migration (Valkey 9's
-    /// `CLUSTER MIGRATESLOTS`) and waits until it succeeded; panics if it failed.
-    pub fn migrate_slot_atomically(&self, slot: u16, from: usize, to: usize) {
-        let count = |state: &str| {
-            self.slot_migration_states(from)
-                .iter()
-                .filter(|s| *s == state)
-                .count()
-        };
-        let (succeeded, failed) = (count("success"), count("failed") + count("cancelled"));
+    /// Starts moving `slot` from `from` to `to` by atomic slot migration (it goes on in the
+    /// background: see `CLUSTER GETSLOTMIGRATIONS`).
+    pub fn start_atomic_migration(&self, slot: u16, from: usize, to: usize) {
         let slot = slot.to_string();
         let reply = self.nodes[from].conn().call(&[
             "CLUSTER",
@@ -311,6 +284,19 @@ impl Cluster {
             &self.ids[to],
         ]);
         assert_eq!(reply, Reply::status("OK"), "slot {slot}");
+    }
+
+    /// Moves `slot` from `from` to `to` by atomic slot migration (Valkey 9's
+    /// `CLUSTER MIGRATESLOTS`) and waits until it succeeded; panics if it failed.
+    pub fn migrate_slot_atomically(&self, slot: u16, from: usize, to: usize) {
+        let count = |state: &str| {
+            self.slot_migration_states(from)
+                .iter()
+                .filter(|s| *s == state)
+                .count()
+        };
+        let (succeeded, failed) = (count("success"), count("failed") + count("cancelled"));
+        self.start_atomic_migration(slot, from, to);
         wait_for("the atomic slot migration to succeed", || {
             assert_eq!(
                 count("failed") + count("cancelled"),
