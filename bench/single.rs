@@ -102,10 +102,74 @@ impl Conditional {
 const DELIFEQ: &str = "DELIFEQ key token";
 const SET_IFEQ: &str = "SET key token IFEQ token PX ttl";
 
+/// What runs beside the measured server: nothing, one replica, or the AOF (appendonly yes,
+/// fsync every second): what production runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setup {
+    Plain,
+    Replica,
+    Aof,
+}
+
+impl Setup {
+    fn label(self) -> &'static str {
+        match self {
+            Setup::Plain => "no replica, no AOF",
+            Setup::Replica => "1 replica",
+            Setup::Aof => "appendonly yes",
+        }
+    }
+}
+
+/// The rows of one setup, and how many releases found their key held.
+struct Measured {
+    rows: Vec<Row>,
+    release_hits: (u64, u64),
+    baseline_hits: (u64, u64),
+}
+
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
-    let server = pinning.server(util::bench_config());
+    let plain = measure(settings, pinning, started, Setup::Plain);
+    let others = [Setup::Replica, Setup::Aof]
+        .map(|setup| (setup, measure(settings, pinning, started, setup)));
+    let mut outcome = table(settings, &plain);
+    outcome.table.push_str(&setups_table(&plain, &others));
+    outcome
+}
+
+fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setup) -> Measured {
+    let config = match setup {
+        Setup::Aof => util::bench_config()
+            .with("appendonly", "yes")
+            .with("appendfsync", "everysec"),
+        Setup::Plain | Setup::Replica => util::bench_config(),
+    };
+    let server = pinning.server(config);
+    // The replica runs beside the load generators (the measured server keeps its core).
+    let replica = (setup == Setup::Replica).then(|| {
+        let replica = crate::common::Server::start_with(util::bench_config());
+        replica.replicate_from(&server);
+        if pinning.enabled {
+            util::pin(replica.pid(), pinning.client_cpu);
+        }
+        replica
+    });
     let mut conn = server.conn();
-    let conditional = Conditional::probe(&mut conn);
+    // The server's own conditional commands are compared once, without replica or AOF.
+    let conditional = if setup == Setup::Plain {
+        Conditional::probe(&mut conn)
+    } else {
+        Conditional {
+            delifeq: false,
+            set_ifeq: false,
+        }
+    };
+    // After a preload, the replica catches up before anything is measured.
+    let settle = |conn: &mut Conn| {
+        if replica.is_some() {
+            assert_eq!(conn.call(&["WAIT", "1", "60000"]), Reply::Int(1));
+        }
+    };
     let release_sha = load_script(&mut conn, lua::RELEASE);
     let renew_sha = load_script(&mut conn, lua::RENEW);
     let locks_sha = load_script(&mut conn, lua::PRELOAD_LOCKS);
@@ -159,12 +223,18 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     preload(&mut conn, &strings_sha, "s:", held, 50_000, || {
         vec![TOKEN.into(), "3600000".into()]
     });
+    settle(&mut conn);
     select(&mut conn, 0);
     for round in 0..settings.rounds {
         let module_first = round % 2 == 1;
         progress(
             started,
-            &format!("single commands: round {}/{}", round + 1, settings.rounds),
+            &format!(
+                "single commands ({}): round {}/{}",
+                setup.label(),
+                round + 1,
+                settings.rounds
+            ),
         );
         // ACQUIRE vs SET NX PX on fresh keys: an empty database before each run.
         for pipeline in [1, 16] {
@@ -278,6 +348,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                         preload(&mut conn, &strings_sha, "s:", keys, 50_000, || {
                             vec![TOKEN.into(), "600000".into()]
                         });
+                        settle(&mut conn);
                         let command: &[&str] = if baseline == DELIFEQ {
                             &["DELIFEQ", "s:__rand_int__", TOKEN]
                         } else {
@@ -292,6 +363,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                         preload(&mut conn, &locks_sha, "l:", keys, 50_000, || {
                             vec![TOKEN.into(), "600000".into()]
                         });
+                        settle(&mut conn);
                         let before = info_u64(&mut conn, "lock", "lock_released");
                         let result = redis_benchmark(
                             &server,
@@ -311,8 +383,23 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
         }
     }
     drop(conn);
+    drop(replica);
     drop(server);
+    Measured {
+        rows,
+        release_hits,
+        baseline_hits,
+    }
+}
 
+/// The full table of the plain setup, with the goals.
+fn table(settings: &Settings, measured: &Measured) -> Outcome {
+    let Measured {
+        rows,
+        release_hits,
+        baseline_hits,
+    } = measured;
+    let held = settings.held_keys;
     let mut table = String::new();
     let mut goals = Vec::new();
     let _ = writeln!(
@@ -327,7 +414,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
         "| command | baseline | pipeline | module rps | baseline rps | ratio | goal | server CPU µs/req module / baseline | CPU ratio |"
     );
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|");
-    for row in &rows {
+    for row in rows {
         let ratio = row.ratio();
         let goal = match row.goal {
             Some(goal) => {
@@ -374,6 +461,49 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
         100.0 * baseline_hits.0 as f64 / baseline_hits.1.max(1) as f64,
     );
     Outcome { table, goals }
+}
+
+/// The four ratios (and their CPU ratios) with a replica attached and with the AOF on, beside
+/// the plain ones: each setup has its own baselines, measured on the same server.
+fn setups_table(plain: &Measured, others: &[(Setup, Measured); 2]) -> String {
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "\n#### With a replica, with the AOF\n\nThe same runs on a server with one replica \
+         attached (the replica on the load generators' core; each preload waits for it with \
+         WAIT), and on a server with `appendonly yes` (`appendfsync everysec`). Ratio = module \
+         / baseline on that server; CPU ratio as above.\n"
+    );
+    let _ = writeln!(
+        table,
+        "| command | baseline | pipeline | {} | {} | {} |",
+        Setup::Plain.label(),
+        others[0].0.label(),
+        others[1].0.label()
+    );
+    let _ = writeln!(table, "|---|---|---|---|---|---|");
+    for row in &plain.rows {
+        let find = |measured: &Measured| {
+            measured
+                .rows
+                .iter()
+                .find(|r| r.baseline == row.baseline && r.pipeline == row.pipeline)
+                .map(|r| format!("{:.2}x (CPU {:.2}x)", r.ratio(), r.cpu_ratio()))
+        };
+        let (Some(replica), Some(aof)) = (find(&others[0].1), find(&others[1].1)) else {
+            continue;
+        };
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {:.2}x (CPU {:.2}x) | {replica} | {aof} |",
+            row.name,
+            row.baseline,
+            row.pipeline,
+            row.ratio(),
+            row.cpu_ratio()
+        );
+    }
+    table
 }
 
 /// The row of `baseline` (each baseline names one row per pipeline).

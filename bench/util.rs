@@ -163,6 +163,13 @@ impl Pinning {
     }
 }
 
+/// Pins every thread of process `pid` to `cpu` (a warning when it cannot).
+pub fn pin(pid: u32, cpu: usize) {
+    if !taskset(pid, cpu) {
+        eprintln!("bench: could not pin process {pid} to CPU {cpu}");
+    }
+}
+
 /// `taskset -a -p -c cpu pid`: every thread of the process onto one CPU.
 fn taskset(pid: u32, cpu: usize) -> bool {
     Command::new("taskset")
