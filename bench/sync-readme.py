@@ -3,7 +3,8 @@
 
 The README keeps its own prose; only the part between the line starting with "Latest run:" and
 the line "How to read it:" is replaced: each "### Section" of the results becomes a bold
-heading followed by that section's tables and goal lines.
+heading followed by that section's tables and goal lines ("#### Sub-section" headings as
+italic lines).
 """
 import pathlib
 import re
@@ -20,8 +21,18 @@ if header:
     parts.append(f"Latest run: {header.group(1)}, a noisy 2-core VM, {header.group(2)} s in all.\n")
 for section in re.split(r"^### ", results, flags=re.M)[1:]:
     title, _, body = section.partition("\n")
-    kept = [line for line in body.splitlines()
-            if line.startswith("|") or line.startswith("Goal")]
+    # Tables and goal lines are kept; a "#### Sub-section" heading becomes an italic line, and
+    # anything else between two tables leaves a blank line, so they stay two tables.
+    kept = []
+    for line in body.splitlines():
+        if line.startswith("|") or line.startswith("Goal"):
+            kept.append(line)
+        elif line.startswith("#### "):
+            kept += ["", f"*{line[5:].strip()}*", ""]
+        elif kept and kept[-1] != "":
+            kept.append("")
+    while kept and kept[-1] == "":
+        kept.pop()
     if kept:
         parts.append(f"**{title.strip()}**\n\n" + "\n".join(kept) + "\n")
 
