@@ -13,8 +13,10 @@
 //! releaser sending its release to the next holder reading its grant. Every strategy checks
 //! mutual exclusion with a shared flag.
 //!
-//! Also here: the PING round trip (the baseline of the handoff goal) and the handoff with one
-//! queued waiter and nothing else going on.
+//! Also here: the PING round trip (the baseline of the handoff goal), the handoff with one
+//! queued waiter and nothing else going on, and `LOCK.ACQUIRE ... WAIT` alone with larger crowds:
+//! 16, 256 and 4096 waiting clients on one lock, and 4096 spread over 1000 locks (1024 and 250
+//! with `BENCH_QUICK`).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +34,8 @@ const KEY: &str = "bench:lock";
 const CHANNEL: &str = "bench:lock:released";
 /// Lease of every grant: far longer than any critical section here.
 const TTL: &str = "10000";
+/// How long a waiting client may wait for its grant (or any reply).
+const WAITER_PATIENCE: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
@@ -79,12 +83,34 @@ struct Run {
 struct Shared {
     base: Instant,
     stop: AtomicBool,
-    /// Set while some client is inside its critical section.
-    in_section: AtomicBool,
+    /// Per lock: set while some client is inside its critical section.
+    in_section: Vec<AtomicBool>,
     sections: AtomicU64,
-    /// When the last release was sent: ns since `base`, plus one (0: none yet).
-    released_at: AtomicU64,
+    /// Per lock: when its last release was sent, ns since `base`, plus one (0: none yet).
+    released_at: Vec<AtomicU64>,
     samples: Mutex<Vec<Duration>>,
+}
+
+/// How many clients contend, over how many locks (client `i` uses lock `i % locks`).
+#[derive(Clone, Copy, Debug)]
+struct Crowd {
+    clients: usize,
+    locks: usize,
+}
+
+impl Crowd {
+    const STANDARD: Crowd = Crowd {
+        clients: CLIENTS,
+        locks: 1,
+    };
+
+    fn key(self, client: usize) -> String {
+        if self.locks == 1 {
+            KEY.to_string()
+        } else {
+            format!("{KEY}:{}", client % self.locks)
+        }
+    }
 }
 
 struct Scripts {
@@ -94,13 +120,17 @@ struct Scripts {
 
 fn client(
     id: usize,
+    crowd: Crowd,
     port: u16,
     strategy: Strategy,
     scripts: &Scripts,
     shared: &Shared,
     ready: &Barrier,
 ) {
-    let mut conn = Conn::connect(port, PATIENCE).expect("connect");
+    let key = &crowd.key(id);
+    let lock = id % crowd.locks;
+    // A waiter in a crowd of thousands may wait longer than PATIENCE for its turn.
+    let mut conn = Conn::connect(port, WAITER_PATIENCE).expect("connect");
     let mut sub = (strategy == Strategy::PubSub).then(|| {
         let mut sub = Conn::connect(port, PATIENCE).expect("connect");
         let reply = sub.call(&["SUBSCRIBE", CHANNEL]);
@@ -116,7 +146,7 @@ fn client(
         Strategy::Spin5 => Duration::from_millis(5),
         Strategy::Wait | Strategy::PubSub => Duration::ZERO,
     };
-    thread::sleep(interval * id as u32 / CLIENTS as u32);
+    thread::sleep(interval * id as u32 / crowd.clients as u32);
     // The first attempt is immediate; after a release the next turn starts with a wait.
     let mut try_now = true;
     loop {
@@ -124,13 +154,21 @@ fn client(
             break;
         }
         let granted = match strategy {
-            Strategy::Wait => matches!(
-                conn.call(&["LOCK.ACQUIRE", KEY, &token, TTL, "WAIT", TTL]),
-                Reply::Int(_)
-            ),
+            // Queued without a time limit; at the end the controller closes the connections
+            // (CLIENT KILL), which ends the waits still queued.
+            Strategy::Wait => {
+                let reply = conn
+                    .try_send(&["LOCK.ACQUIRE", key, &token, TTL, "WAIT", "0"])
+                    .and_then(|()| conn.try_read());
+                match reply {
+                    Ok(reply) => matches!(reply, Reply::Int(_)),
+                    Err(_) if shared.stop.load(Ordering::SeqCst) => break,
+                    Err(error) => panic!("{}: {error}", strategy.label()),
+                }
+            }
             Strategy::Poll100 | Strategy::Spin5 | Strategy::PubSub => loop {
                 if try_now {
-                    let reply = conn.call(&["SET", KEY, &token, "NX", "PX", TTL]);
+                    let reply = conn.call(&["SET", key, &token, "NX", "PX", TTL]);
                     if reply == Reply::status("OK") {
                         break true;
                     }
@@ -155,7 +193,7 @@ fn client(
         }
         let at = Instant::now();
         let counting = !shared.stop.load(Ordering::SeqCst);
-        let released = shared.released_at.load(Ordering::SeqCst);
+        let released = shared.released_at[lock].load(Ordering::SeqCst);
         if counting && released != 0 {
             let since = shared.base + Duration::from_nanos(released - 1);
             shared
@@ -166,28 +204,37 @@ fn client(
         }
         // The critical section: prove nobody else is in it.
         assert!(
-            !shared.in_section.swap(true, Ordering::SeqCst),
+            !shared.in_section[lock].swap(true, Ordering::SeqCst),
             "{}: two holders at once",
             strategy.label()
         );
         if counting {
             shared.sections.fetch_add(1, Ordering::SeqCst);
         }
-        shared.in_section.store(false, Ordering::SeqCst);
-        shared.released_at.store(
+        shared.in_section[lock].store(false, Ordering::SeqCst);
+        shared.released_at[lock].store(
             shared.base.elapsed().as_nanos() as u64 + 1,
             Ordering::SeqCst,
         );
         let reply = match strategy {
-            Strategy::Wait => conn.call(&["LOCK.RELEASE", KEY, &token]),
+            Strategy::Wait => {
+                let reply = conn
+                    .try_send(&["LOCK.RELEASE", key, &token])
+                    .and_then(|()| conn.try_read());
+                match reply {
+                    Ok(reply) => reply,
+                    Err(_) if shared.stop.load(Ordering::SeqCst) => break,
+                    Err(error) => panic!("{}: {error}", strategy.label()),
+                }
+            }
             Strategy::Poll100 | Strategy::Spin5 => {
-                conn.call(&["EVALSHA", &scripts.release, "1", KEY, &token])
+                conn.call(&["EVALSHA", &scripts.release, "1", key, &token])
             }
             Strategy::PubSub => conn.call(&[
                 "EVALSHA",
                 &scripts.release_publish,
                 "1",
-                KEY,
+                key,
                 &token,
                 CHANNEL,
             ]),
@@ -197,9 +244,9 @@ fn client(
     }
 }
 
-fn run_strategy(server: &Server, strategy: Strategy, secs: f64) -> Run {
+fn run_strategy(server: &Server, strategy: Strategy, secs: f64, crowd: Crowd) -> Run {
     let mut conn = server.conn();
-    assert!(matches!(conn.call(&["DEL", KEY]), Reply::Int(_)));
+    assert_eq!(conn.call(&["FLUSHALL"]), Reply::status("OK"));
     let scripts = Arc::new(Scripts {
         release: load_script(&mut conn, lua::RELEASE),
         release_publish: load_script(&mut conn, lua::RELEASE_PUBLISH),
@@ -207,17 +254,21 @@ fn run_strategy(server: &Server, strategy: Strategy, secs: f64) -> Run {
     let shared = Arc::new(Shared {
         base: Instant::now(),
         stop: AtomicBool::new(false),
-        in_section: AtomicBool::new(false),
+        in_section: (0..crowd.locks).map(|_| AtomicBool::new(false)).collect(),
         sections: AtomicU64::new(0),
-        released_at: AtomicU64::new(0),
+        released_at: (0..crowd.locks).map(|_| AtomicU64::new(0)).collect(),
         samples: Mutex::new(Vec::new()),
     });
-    let ready = Arc::new(Barrier::new(CLIENTS + 1));
+    let ready = Arc::new(Barrier::new(crowd.clients + 1));
     let port = server.port;
-    let threads: Vec<_> = (0..CLIENTS)
+    let threads: Vec<_> = (0..crowd.clients)
         .map(|id| {
             let (scripts, shared, ready) = (scripts.clone(), shared.clone(), ready.clone());
-            thread::spawn(move || client(id, port, strategy, &scripts, &shared, &ready))
+            // Thousands of client threads: a small stack each.
+            thread::Builder::new()
+                .stack_size(256 * 1024)
+                .spawn(move || client(id, crowd, port, strategy, &scripts, &shared, &ready))
+                .expect("spawn a client thread")
         })
         .collect();
     ready.wait();
@@ -225,6 +276,10 @@ fn run_strategy(server: &Server, strategy: Strategy, secs: f64) -> Run {
     thread::sleep(Duration::from_secs_f64(secs));
     shared.stop.store(true, Ordering::SeqCst);
     let elapsed = start.elapsed();
+    if strategy == Strategy::Wait {
+        // The waits still queued end with their connections.
+        conn.call(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    }
     // Pub/sub waiters sleep until a message: keep publishing until all have left.
     let deadline = Instant::now() + PATIENCE;
     while threads.iter().any(|t| !t.is_finished()) {
@@ -333,7 +388,6 @@ struct Series {
 
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
     let server = pinning.server(util::bench_config());
-    let mut conn = server.conn();
     let mut rtt_p50 = Vec::new();
     let mut rtt_samples = Vec::new();
     let mut single_p50 = Vec::new();
@@ -349,7 +403,8 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                 settings.contention_rounds
             ),
         );
-        let rtt = round_trips(&mut conn, ping_rounds);
+        // A new connection each round: the WAIT runs end by closing every other one.
+        let rtt = round_trips(&mut server.conn(), ping_rounds);
         rtt_p50.push(micros(percentile(&rtt, 0.5)));
         rtt_samples.extend(rtt.iter().map(|d| micros(*d)));
         let single = single_handoffs(&server, settings.handoff_rounds);
@@ -366,7 +421,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             } else {
                 settings.contention_secs
             };
-            let run = run_strategy(&server, strategy, secs);
+            let run = run_strategy(&server, strategy, secs, Crowd::STANDARD);
             let s = &mut series[i];
             s.per_sec.push(run.per_sec);
             s.p50.push(micros(percentile(&run.samples, 0.5)));
@@ -378,7 +433,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             s.vs_poll.push(per_sec[i] / per_sec[1]);
         }
     }
-    drop(conn);
+    let crowds = crowd_rows(settings, &server, started);
     drop(server);
 
     let rtt = median(&rtt_p50);
@@ -454,6 +509,8 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
         median(&single_p50) - rtt <= 50.0,
     ));
 
+    table.push_str(&crowds);
+
     let mut chart = Vec::new();
     for (i, strategy) in Strategy::ALL.iter().enumerate() {
         chart.extend(series[i].samples.iter().map(|v| (strategy.id(), *v)));
@@ -464,4 +521,80 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
         goals,
         chart,
     }
+}
+
+/// `LOCK.ACQUIRE ... WAIT` alone with larger crowds: the table rows, one per crowd, the median of
+/// the contention rounds.
+fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String {
+    // About four clients per lock in the spread crowd.
+    let (largest, spread) = if settings.quick {
+        (1024, 250)
+    } else {
+        (4096, 1000)
+    };
+    let crowds = [
+        Crowd {
+            clients: CLIENTS,
+            locks: 1,
+        },
+        Crowd {
+            clients: 256,
+            locks: 1,
+        },
+        Crowd {
+            clients: largest,
+            locks: 1,
+        },
+        Crowd {
+            clients: largest,
+            locks: spread,
+        },
+    ];
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "\n#### Larger crowds (LOCK.ACQUIRE ... WAIT)\n\nThe same loop with more waiting clients, \
+         one thread and connection each, all on the load generators' one core (so the large \
+         crowds measure that core's scheduling too), on one lock or about four clients per lock \
+         (handoff measured per lock); {:.1} s per crowd per round, median of {} rounds.\n",
+        settings.contention_secs, settings.contention_rounds
+    );
+    let _ = writeln!(
+        table,
+        "| waiting clients | locks | critical sections/s | handoff p50 µs | handoff p99 µs | handoffs |"
+    );
+    let _ = writeln!(table, "|---|---|---|---|---|---|");
+    for crowd in crowds {
+        let mut per_sec = Vec::new();
+        let mut p50 = Vec::new();
+        let mut p99 = Vec::new();
+        let mut handoffs = 0;
+        for round in 0..settings.contention_rounds {
+            progress(
+                started,
+                &format!(
+                    "contention: {} clients on {} lock(s), round {}/{}",
+                    crowd.clients,
+                    crowd.locks,
+                    round + 1,
+                    settings.contention_rounds
+                ),
+            );
+            let run = run_strategy(server, Strategy::Wait, settings.contention_secs, crowd);
+            per_sec.push(run.per_sec);
+            p50.push(micros(percentile(&run.samples, 0.5)));
+            p99.push(micros(percentile(&run.samples, 0.99)));
+            handoffs += run.samples.len();
+        }
+        let _ = writeln!(
+            table,
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {handoffs} |",
+            crowd.clients,
+            crowd.locks,
+            median(&per_sec),
+            median(&p50),
+            median(&p99),
+        );
+    }
+    table
 }
