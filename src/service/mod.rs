@@ -5,7 +5,7 @@
 //! Imports go one way, from the top of this list to the bottom:
 //! - `events`: what server events and keyspace notifications mean; defers work to
 //! - `deferred`: jobs run from a timer (settle waiters, end sessions, check the config);
-//! - `expiry`: the lease timer's handler and the index rebuild;
+//! - `expiry`: the lease timer's handler, the index rebuild and the slots being imported;
 //! - `commands` (with `args`): the LOCK.* commands;
 //! - `handoff`: blocking and serving waiters;
 //! - `acks`: replies that wait for replicas (SYNC);
