@@ -201,12 +201,13 @@ pub fn info_u64(conn: &mut Conn, section: &str, field: &str) -> u64 {
 }
 
 pub fn flushall(conn: &mut Conn) {
-    assert_eq!(conn.call(&["FLUSHALL"]), Reply::status("OK"));
+    // SYNC: Valkey flushes in the background by default (lazyfree-lazy-user-flush yes).
+    assert_eq!(conn.call(&["FLUSHALL", "SYNC"]), Reply::status("OK"));
 }
 
 /// `FLUSHDB` of the connection's database.
 pub fn flushdb(conn: &mut Conn) {
-    assert_eq!(conn.call(&["FLUSHDB"]), Reply::status("OK"));
+    assert_eq!(conn.call(&["FLUSHDB", "SYNC"]), Reply::status("OK"));
 }
 
 pub fn select(conn: &mut Conn, db: usize) {

@@ -104,7 +104,8 @@ fn gauges_follow_flushall_sync_and_async() {
     assert_eq!(c.call(&["LOCK.RELEASE", "free", "t"]), Reply::Int(1));
     let mut w = queue_waiter(&server, "a", "w", 60_000, 0);
     assert_eq!(gauges(&server), (2, 1, 3));
-    assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
+    // SYNC: Valkey's plain FLUSHALL is asynchronous (lazyfree-lazy-user-flush yes by default).
+    assert_eq!(c.call(&["FLUSHALL", "SYNC"]), Reply::status("OK"));
     // The waiter competes for a fresh lock, and wins it.
     granted(&mut w);
     assert_eq!(gauges(&server), (1, 0, 1));
