@@ -22,3 +22,11 @@ mod slots_tests;
 
 /// A key in a database: how the queues and the session table name a lock.
 pub type KeyRef = (i32, Box<[u8]>);
+
+/// Locks one of the module's process-wide tables. A panic while it was held (caught by the host
+/// layer, the server kept running) does not lock the module out of it for good.
+pub fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

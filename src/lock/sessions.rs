@@ -64,9 +64,7 @@ static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(|| Mutex::new(Session
 static OWNED: AtomicUsize = AtomicUsize::new(0);
 
 fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
-    let mut sessions = SESSIONS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut sessions = super::locked(&SESSIONS);
     let result = f(&mut sessions);
     OWNED.store(
         sessions.by_key.len() + usize::from(sessions.moving.is_some()),

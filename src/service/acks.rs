@@ -22,6 +22,7 @@ use crate::host::server::{
 };
 use crate::host::timer;
 use crate::lock::event::Event;
+use crate::lock::locked;
 use crate::lock::queues::{Ending, SyncRequest};
 use crate::lock::KeyRef;
 use crate::metrics;
@@ -63,9 +64,7 @@ static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
 static TIMER: timer::Single = timer::Single::new();
 
 fn pending() -> MutexGuard<'static, Vec<Pending>> {
-    PENDING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&PENDING)
 }
 
 fn arm(ctx: &Context) {

@@ -12,6 +12,7 @@ use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
 };
 use crate::host::timer;
+use crate::lock::locked;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::service::{change, effects, safety};
@@ -39,9 +40,7 @@ struct Pending {
 static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(|| Mutex::new(Pending::default()));
 
 fn pending() -> MutexGuard<'static, Pending> {
-    PENDING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&PENDING)
 }
 
 /// Queues `job` (unless it is already queued) for the next event-loop turn.

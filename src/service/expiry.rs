@@ -26,6 +26,7 @@ use crate::host::keys::scan_values;
 use crate::host::server::{
     avoid_replica_traffic, is_loading, is_primary, key_string, now_ms, select_db, selected_db,
 };
+use crate::lock::locked;
 use crate::lock::slots::{key_slot, Imports};
 use crate::service::change;
 use crate::service::leases;
@@ -41,9 +42,7 @@ static IMPORTS: Mutex<Imports> = Mutex::new(Imports::new());
 static IMPORTING: AtomicBool = AtomicBool::new(false);
 
 fn imports() -> MutexGuard<'static, Imports> {
-    IMPORTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&IMPORTS)
 }
 
 /// True while `key` is in a slot this node is importing.

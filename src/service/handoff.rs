@@ -15,6 +15,7 @@ use crate::host::timer;
 use crate::lock::core::Acquire;
 use crate::lock::event::Event;
 use crate::lock::floor;
+use crate::lock::locked;
 use crate::lock::queues::{Ending, Kind, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
@@ -226,9 +227,7 @@ static LATER: Mutex<Vec<Tag>> = Mutex::new(Vec::new());
 static LATER_TIMER: timer::Single = timer::Single::new();
 
 fn later() -> MutexGuard<'static, Vec<Tag>> {
-    LATER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&LATER)
 }
 
 fn grant_later(ctx: &Context, tag: &Tag) {

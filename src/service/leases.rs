@@ -11,6 +11,7 @@ use redis_module::Context;
 use crate::host::server::now_ms;
 use crate::host::timer::{self, TimerId};
 use crate::lock::lease_index::{Due, LeaseIndex};
+use crate::lock::locked;
 
 struct Leases {
     index: LeaseIndex,
@@ -26,9 +27,7 @@ static LEASES: Mutex<Leases> = Mutex::new(Leases {
 static DUE_HANDLER: OnceLock<timer::Callback> = OnceLock::new();
 
 fn leases() -> MutexGuard<'static, Leases> {
-    LEASES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&LEASES)
 }
 
 /// Installs what runs when the timer fires (once, at load).

@@ -18,6 +18,7 @@ use crate::host::blocking::{self, BlockedClient};
 use crate::host::keys;
 use crate::host::server::selected_db;
 use crate::lock::core::Lock;
+use crate::lock::locked;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
 use crate::metrics;
@@ -27,9 +28,7 @@ static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
 
 /// The queues, locked for one operation.
 pub fn queues() -> MutexGuard<'static, Queues<BlockedClient>> {
-    QUEUES
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    locked(&QUEUES)
 }
 
 /// True when any client waits on any key (a check that needs no key).
