@@ -199,8 +199,8 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         host::command::create_command(ctx, command, category, SINCE)?;
     }
     host::info::register::<service::Info>(ctx)?;
-    let slot_imports =
-        host::events::subscribe::<service::events::Events>(ctx, host::api::is_valkey(ctx))?;
+    let server = host::api::ServerName::read(ctx);
+    let slot_imports = host::events::subscribe::<service::events::Events>(ctx, server.is_valkey())?;
     if slot_imports {
         // Valkey 9's atomic slot migration asks every module to declare it handles it: the
         // module keeps the locks of slots being imported inert until the import completes
@@ -211,7 +211,7 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     service::safety::check(ctx);
     host::log_notice(&format!(
         "lock module: on {}; {}",
-        host::api::server_name(ctx),
+        server,
         host::api::Optional::probe(slot_imports).describe()
     ));
     Ok(())

@@ -11,12 +11,6 @@ use crate::host::server::info_field;
 /// subscribed to Valkey's slot migration event.
 pub const VALKEY_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION: std::ffi::c_int = 1 << 5;
 
-/// True on Valkey: the server names itself so in INFO. Only for what Valkey defines differently
-/// from Redis (an event id, an option bit); features are still probed one by one.
-pub fn is_valkey(ctx: &Context) -> bool {
-    info_field(ctx, c"server", c"server_name").as_deref() == Some("valkey")
-}
-
 /// Expands to `[(name, present), ...]` for the named API functions.
 macro_rules! presence {
     ($($function:ident),* $(,)?) => {
@@ -139,11 +133,32 @@ impl Optional {
 }
 
 /// The server's product and version as INFO names them: `valkey 9.1.2` (from `server_name` and
-/// `valkey_version`), else `redis 7.0.15`. For the log only; nothing is decided by it.
-pub fn server_name(ctx: &Context) -> String {
-    let product = info_field(ctx, c"server", c"server_name").unwrap_or_else(|| "redis".into());
-    let version = info_field(ctx, c"server", c"valkey_version")
-        .or_else(|| info_field(ctx, c"server", c"redis_version"))
-        .unwrap_or_else(|| "(unknown version)".into());
-    format!("{product} {version}")
+/// `valkey_version`), else `redis 7.0.15`. Read once, at load.
+pub struct ServerName {
+    product: String,
+    version: String,
+}
+
+impl ServerName {
+    pub fn read(ctx: &Context) -> Self {
+        let field = |name: &std::ffi::CStr| info_field(ctx, c"server", name);
+        ServerName {
+            product: field(c"server_name").unwrap_or_else(|| "redis".into()),
+            version: field(c"valkey_version")
+                .or_else(|| field(c"redis_version"))
+                .unwrap_or_else(|| "(unknown version)".into()),
+        }
+    }
+
+    /// True on Valkey. Only for what Valkey numbers differently from Redis (an event id, an
+    /// option bit); features are still probed one by one.
+    pub fn is_valkey(&self) -> bool {
+        self.product == "valkey"
+    }
+}
+
+impl std::fmt::Display for ServerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.product, self.version)
+    }
 }

@@ -36,7 +36,8 @@ pub enum SlotImport {
 }
 
 /// Valkey 9's atomic slot migration event and its import subevents (valkeymodule.h). Redis gives
-/// the same id another meaning: subscribe only on Valkey ([`crate::host::api::is_valkey`]).
+/// the same id another meaning: subscribe only on Valkey
+/// ([`crate::host::api::ServerName::is_valkey`]).
 pub const VALKEY_EVENT_ATOMIC_SLOT_MIGRATION: u64 = 19;
 const VALKEY_SUBEVENT_IMPORT_STARTED: u64 = 0;
 const VALKEY_SUBEVENT_IMPORT_ABORTED: u64 = 2;
