@@ -2,7 +2,7 @@
 # shows up there.
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build release debug run test test-matrix lint bench clean
+.PHONY: help deps build release debug run test test-clients test-matrix lint bench clean
 
 CARGO        ?= cargo
 # The server for `make run` and for the integration tests (they read REDIS_SERVER too), e.g.
@@ -106,8 +106,23 @@ run: release ## Build, then run redis-server in the foreground with the module o
 	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) --dir "$(abspath $(DATA))" \
 		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
 
-test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER)
+test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER) and the clients'
 	$(CARGO) test $(TEST)
+	@[ -n "$(TEST)" ] || $(MAKE) --no-print-directory test-clients
+
+# The client helpers' tests (clients/python, clients/rust) against the debug module on
+# REDIS_SERVER. redis-py is pip-installed, pinned, into .cache/clients-py the first time; the
+# Rust helper is its own crate (clients/rust, own Cargo.lock and target/).
+CLIENTS_PY      := $(CURDIR)/.cache/clients-py
+REDIS_PY_PIN    := 6.4.0
+test-clients: debug ## The Python and Rust client helpers' tests against the module
+	@[ -d "$(CLIENTS_PY)/redis-$(REDIS_PY_PIN).dist-info" ] || { \
+		echo "test-clients: pip install redis==$(REDIS_PY_PIN) into $(CLIENTS_PY)"; \
+		rm -rf "$(CLIENTS_PY)"; \
+		python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+			--target "$(CLIENTS_PY)" "redis==$(REDIS_PY_PIN)"; }
+	cd clients/python && PYTHONPATH="$(CLIENTS_PY):.:tests" LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" \
+		python3 -m unittest discover -s tests -v
 
 # The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on each
 # server MATRIX names, which .ci/server installs (pinned) and prints: Redis 8.2.3 and Valkey 9.1.2
@@ -130,7 +145,7 @@ test-matrix: debug ## Run the tests on REDIS_SERVER (Debian: Redis 7.0.15), Redi
 	echo; echo "== test-matrix: $${summary#, }"; \
 	exit $$failed
 
-lint: deps ## Check formatting (cargo fmt) and lints (cargo clippy, warnings are errors)
+lint: deps ## cargo fmt --check and cargo clippy -D warnings, on the module and on clients/rust
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 

@@ -1,0 +1,400 @@
+"""The Lock guard: one acquisition at a time, its fence, an optional watchdog, fenced calls.
+
+Every rule here answers a bug seen in client-side locks:
+
+- the body of ``with Lock(...)`` runs only when the lock was granted (a failed acquire raises);
+- the watchdog renews with a token-checked ``LOCK.RENEW`` that *sets* the lease, and every
+  renewal is sent while holding ``_mutex`` after checking ``_stopping``: ``release()`` sets
+  ``_stopping`` and then takes ``_mutex``, so once it sends ``LOCK.RELEASE`` no renewal can follow;
+- the lease is tracked locally and conservatively (``_lease_end`` = when the successful ACQUIRE or
+  RENEW was *sent* + ttl): a watchdog that wakes late, or a reply that arrives late, means the lock
+  is lost, never renewed back into a second holder; ``check()`` says so too without a watchdog;
+- a lost reply is not a lost grant: ACQUIRE is retried with the same token, which gets its own
+  fence back if the first attempt was granted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+from redis import exceptions as rx
+
+log = logging.getLogger("redis_lock_client")
+
+T = TypeVar("T")
+
+# Replies a client should resend (same token) after a short wait: the cluster is moving or
+# failing over, the key moved, the node became a replica or is still loading.
+_RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "READONLY", "MASTERDOWN")
+
+
+class LockError(Exception):
+    """Base of this package's errors; ``key`` names the lock."""
+
+    def __init__(self, key: Any, message: str):
+        super().__init__(f"{_text(key)}: {message}")
+        self.key = key
+
+
+class LockNotAcquired(LockError):
+    """Another token holds the lock (or others queue first), or the WAIT budget ran out."""
+
+
+class LockLost(LockError):
+    """The lock is no longer held: its lease ran out, a renewal failed or came too late, or
+    an operator force-released it. Stop working on the protected resource."""
+
+
+class LockUnknown(LockError):
+    """The server could not be reached often enough to know the outcome. A grant that did
+    happen ends with its lease (the helper also tried to release it)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff for replies that ask for a retry and for lost connections.
+
+    ``attempts`` counts every try, the first included; the n-th retry waits a random time
+    between half and all of ``min(cap, base * 2**n)`` seconds.
+    """
+
+    attempts: int = 6
+    base: float = 0.02
+    cap: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base < 0 or self.cap < 0:
+            raise ValueError("RetryPolicy needs attempts >= 1 and non-negative delays")
+
+    def delay(self, retry: int) -> float:
+        return min(self.cap, self.base * 2**retry) * random.uniform(0.5, 1.0)
+
+
+def is_retriable(error: BaseException) -> bool:
+    """Whether ``error`` means "send the same command again (same token) later"."""
+    # ConnectionError covers lost connections and BusyLoadingError; TimeoutError a socket
+    # timeout. A blocked ACQUIRE whose connection closes is dropped by the server, never granted.
+    if isinstance(error, (rx.ConnectionError, rx.TimeoutError)):
+        return True
+    if isinstance(error, rx.ResponseError):
+        return str(error).startswith(_RETRY_PREFIXES) or isinstance(
+            error, (rx.TryAgainError, rx.ClusterDownError, rx.ReadOnlyError)
+        )
+    return False
+
+
+class Lock:
+    """One lock key, taken by one holder at a time with a fresh random token.
+
+    ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (anything with
+    ``execute_command``; ``transaction()`` also needs ``pipeline()`` with WATCH, so standalone).
+    A blocking acquire holds its connection: give the client a ``socket_timeout`` longer than
+    ``wait_ms`` (or none). ``session=True`` ties the grant to the connection that made it: use a
+    client with ``single_connection_client=True`` for that. One ``Lock`` belongs to one thread
+    of your code (its watchdog thread is its own business).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        key: Any,
+        ttl_ms: int,
+        *,
+        wait_ms: Optional[int] = None,
+        session: bool = False,
+        watchdog: bool = False,
+        on_lost: Optional[Callable[["Lock"], None]] = None,
+        retry: RetryPolicy = RetryPolicy(),
+    ):
+        if not isinstance(ttl_ms, int) or isinstance(ttl_ms, bool) or ttl_ms <= 0:
+            raise ValueError("ttl_ms must be a positive integer (milliseconds)")
+        if wait_ms is not None and (
+            not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms < 0
+        ):
+            raise ValueError("wait_ms must be None (do not wait) or an integer >= 0 (0: no limit)")
+        if watchdog and ttl_ms < 3:
+            raise ValueError("a watchdog renews every ttl_ms / 3: ttl_ms must be at least 3")
+        self._client = client
+        self.key = key
+        self.ttl_ms = ttl_ms
+        self.wait_ms = wait_ms
+        self.session = session
+        self.watchdog = watchdog
+        self.on_lost = on_lost
+        self.retry = retry
+        self._token: Optional[bytes] = None
+        self._fence: Optional[int] = None
+        self._lease_end = 0.0
+        self._lost_reason: Optional[str] = None
+        # Held across every renewal round trip: release() takes it after setting _stopping.
+        self._mutex = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        # Tests pause the watchdog here, between its timer firing and its renewal.
+        self._watchdog_paused: Callable[[], None] = lambda: None
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self.lost else "not held")
+        return f"<Lock {_text(self.key)} {state} fence={self._fence}>"
+
+    # ---- state ---------------------------------------------------------------------------
+
+    @property
+    def fence(self) -> Optional[int]:
+        """The fence of the current grant (None before the first grant). Hand it to the storage
+        you protect; it stays readable after a loss, for logs."""
+        return self._fence
+
+    @property
+    def lost(self) -> bool:
+        """True once the grant is known or presumed gone (see ``LockLost``)."""
+        if self._lost_reason is None and self._token is not None:
+            if time.monotonic() >= self._lease_end:
+                self._lost_reason = "the lease ran out"
+        return self._lost_reason is not None
+
+    @property
+    def held(self) -> bool:
+        """Granted, not released, not lost, and the lease not yet over by the local clock."""
+        return self._token is not None and not self.lost
+
+    def check(self) -> int:
+        """The fence, or ``LockLost`` when the lock is no longer held."""
+        if self._token is None:
+            raise LockError(self.key, "not held: acquire it first")
+        if self.lost:
+            raise LockLost(self.key, f"lost: {self._lost_reason}")
+        return self._fence  # type: ignore[return-value]
+
+    # ---- acquire and release ---------------------------------------------------------------
+
+    def acquire(self) -> int:
+        """Take the lock and return its fence. Raises ``LockNotAcquired`` when it is held by
+        another token (after waiting ``wait_ms`` on the server if given), ``LockUnknown`` when
+        retries ran out without an answer."""
+        if self._token is not None:
+            raise LockError(self.key, "already acquired by this Lock: release it first")
+        token = os.urandom(16)
+        base = ["LOCK.ACQUIRE", self.key, token, self.ttl_ms]
+        if self.session:
+            base.append("SESSION")
+        waits_until = None
+        if self.wait_ms:
+            waits_until = time.monotonic() + self.wait_ms / 1000
+        retries = 0
+        while True:
+            command = list(base)
+            if self.wait_ms == 0:
+                command += ["WAIT", 0]
+            elif waits_until is not None:
+                left = math.ceil((waits_until - time.monotonic()) * 1000)
+                if left >= 1:
+                    command += ["WAIT", left]
+                # else: the budget is spent; a plain attempt learns whether an earlier
+                # (unanswered) try was granted, since the same token gets its fence back.
+            sent = time.monotonic()
+            try:
+                reply = self._client.execute_command(*command)
+            except Exception as error:  # noqa: BLE001 - sorted by is_retriable
+                if not is_retriable(error):
+                    raise
+                retries += 1
+                if retries >= self.retry.attempts:
+                    self._forget(token)
+                    raise LockUnknown(
+                        self.key, f"no answer after {retries} attempts ({error})"
+                    ) from error
+                time.sleep(self.retry.delay(retries))
+                continue
+            if reply is None:
+                raise LockNotAcquired(self.key, "held by another token")
+            self._token = token
+            self._fence = int(reply)
+            self._lease_end = sent + self.ttl_ms / 1000
+            self._lost_reason = None
+            if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
+                # Granted at some moment of a long wait: only "after sent" is known, so the local
+                # lease would be too short. A renewal now sets a lease whose start is known.
+                with self._mutex:
+                    reason = self._renew_locked(token, anchored=False)
+                if reason is not None:
+                    self._token = None
+                    raise LockNotAcquired(self.key, f"granted, but {reason}")
+            if self.watchdog:
+                self._start_watchdog(token)
+            return self._fence
+
+    def release(self) -> bool:
+        """Stop the watchdog (no renewal is sent after this returns), then release with the
+        token. True when the server released this grant; False when it was not held any more
+        (expired, force-released) or was never acquired."""
+        token = self._token
+        if token is None:
+            return False
+        self._stop_watchdog()
+        self._token = None
+        try:
+            return self._call("LOCK.RELEASE", self.key, token) == 1
+        except LockUnknown:
+            raise
+        finally:
+            self._lease_end = 0.0
+
+    def renew(self) -> None:
+        """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
+        longer held; with a watchdog running there is no need to call this."""
+        token = self._token
+        if token is None:
+            raise LockError(self.key, "not held: acquire it first")
+        with self._mutex:
+            reason = self._renew_locked(token)
+        if reason is not None:
+            raise LockLost(self.key, f"lost: {reason}")
+
+    def __enter__(self) -> "Lock":
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except LockError:
+            if exc_type is None:
+                raise
+            log.warning("releasing %s failed while leaving on %s", _text(self.key), exc_type)
+
+    # ---- fenced calls ----------------------------------------------------------------------
+
+    def fenced(self, work: Callable[[int], T]) -> T:
+        """Run ``work(fence)`` if the lock is still held (``LockLost`` otherwise). Pass the fence
+        on to every write of the protected resource, which must refuse fences lower than one it
+        has seen: the check here cannot stop a pause that happens after it."""
+        return work(self.check())
+
+    def transaction(self, queue: Callable[[Any], None], *keys: Any, attempts: int = 32) -> list:
+        """Write other Redis keys only while this grant is current, atomically: WATCH the lock
+        key (and ``keys``), check the fence with LOCK.FENCE, then MULTI, ``queue(pipe)`` adds the
+        writes, EXEC. EXEC fails when anything happened to the lock meanwhile (a renewal too), so
+        it is retried up to ``attempts`` times. Returns EXEC's replies; ``LockLost`` when the
+        fence is no longer current. Standalone servers, or keys of one slot with a client whose
+        pipelines support WATCH."""
+        for _ in range(attempts):
+            fence = self.check()
+            with self._client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(self.key, *keys)
+                    if pipe.execute_command("LOCK.FENCE", self.key, fence) != 1:
+                        self._mark_lost("LOCK.FENCE says the fence is no longer current")
+                        raise LockLost(self.key, f"lost: {self._lost_reason}")
+                    pipe.multi()
+                    queue(pipe)
+                    return pipe.execute()
+                except rx.WatchError:
+                    continue
+        raise LockError(self.key, f"the lock changed during each of {attempts} transactions")
+
+    # ---- the watchdog ----------------------------------------------------------------------
+
+    def _start_watchdog(self, token: bytes) -> None:
+        self._stopping.clear()
+        thread = threading.Thread(
+            target=self._watch, args=(token,), name=f"lock-watchdog {_text(self.key)}", daemon=True
+        )
+        self._thread = thread
+        thread.start()
+
+    def _stop_watchdog(self) -> None:
+        self._stopping.set()
+        # Waits for a renewal in flight; any later one sees _stopping under the mutex.
+        with self._mutex:
+            pass
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _watch(self, token: bytes) -> None:
+        interval = self.ttl_ms / 3000
+        reason = None
+        while not self._stopping.wait(interval):
+            self._watchdog_paused()
+            with self._mutex:
+                if self._stopping.is_set():
+                    return
+                reason = self._renew_locked(token)
+            if reason is not None:
+                break
+        if reason is None:
+            return
+        log.warning("lock %s lost: %s", _text(self.key), reason)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:  # noqa: BLE001 - a callback's bug must not kill the report
+                log.exception("on_lost callback of lock %s failed", _text(self.key))
+
+    def _renew_locked(self, token: bytes, anchored: bool = True) -> Optional[str]:
+        """One renewal (with retries while the lease lasts), under ``_mutex``. Returns why the
+        lock is lost, or None when renewed. ``anchored=False``: the local lease end is not known
+        yet (a grant at an unknown moment of a long wait); the server's 1 alone says the hold
+        never lapsed, since RENEW finds nothing to renew once a lease has ended."""
+        if self._lost_reason is not None:
+            return self._lost_reason
+        retries = 0
+        while True:
+            sent = time.monotonic()
+            if anchored and sent >= self._lease_end:
+                return self._mark_lost("the lease ran out before the renewal was sent")
+            try:
+                reply = self._client.execute_command("LOCK.RENEW", self.key, token, self.ttl_ms)
+            except Exception as error:  # noqa: BLE001 - sorted by is_retriable
+                retries += 1
+                if not is_retriable(error) or retries >= self.retry.attempts:
+                    return self._mark_lost(f"renewal failed: {error}")
+                time.sleep(self.retry.delay(retries))
+                continue
+            if anchored and time.monotonic() >= self._lease_end:
+                return self._mark_lost("the renewal was answered after the lease ran out")
+            if reply != 1:
+                return self._mark_lost("LOCK.RENEW replied 0: the token no longer holds it")
+            self._lease_end = sent + self.ttl_ms / 1000
+            return None
+
+    def _mark_lost(self, reason: str) -> str:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+        return self._lost_reason
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    def _call(self, *command: Any) -> Any:
+        retries = 0
+        while True:
+            try:
+                return self._client.execute_command(*command)
+            except Exception as error:  # noqa: BLE001 - sorted by is_retriable
+                if not is_retriable(error):
+                    raise
+                retries += 1
+                if retries >= self.retry.attempts:
+                    raise LockUnknown(
+                        self.key, f"no answer to {command[0]} after {retries} attempts ({error})"
+                    ) from error
+                time.sleep(self.retry.delay(retries))
+
+    def _forget(self, token: bytes) -> None:
+        """After an acquire without an answer: one try to release what may have been granted."""
+        try:
+            self._client.execute_command("LOCK.RELEASE", self.key, token)
+        except Exception:  # noqa: BLE001 - best effort; the lease ends it otherwise
+            pass
+
+
+def _text(key: Any) -> str:
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)

@@ -1,0 +1,466 @@
+"""The helper against a real redis-server with the lock module.
+
+FailureCases reproduces bugs reported against client-side locks; each case runs on the helper
+(no problem allowed) and on tests/naive.py's NaiveLock (a problem must be found), so every case
+is shown able to fail. The other classes cover the guard, fenced calls, retries and a cluster.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import unittest
+import uuid
+
+import redis
+from redis import exceptions as rx
+
+from harness import Cluster, Server, wait_for
+from naive import NaiveLock
+from redis_lock_client import Lock, LockLost, LockNotAcquired, LockUnknown, RetryPolicy
+from redis_lock_client._lock import is_retriable
+
+FAST_RETRY = RetryPolicy(attempts=4, base=0.001, cap=0.01)
+
+
+def fresh_key() -> str:
+    return f"lock:{uuid.uuid4().hex[:12]}"
+
+
+class Pause:
+    """A watchdog pause hook: the first call signals ``reached`` and blocks until ``go()``."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self._go = threading.Event()
+        self._used = False
+
+    def __call__(self) -> None:
+        if self._used:
+            return
+        self._used = True
+        self.reached.set()
+        if not self._go.wait(30):
+            raise AssertionError("the test never let the watchdog go")
+
+    def go(self) -> None:
+        self._go.set()
+
+
+class LostReply:
+    """A client whose first LOCK.ACQUIRE runs on the server but whose reply is lost, as when
+    the connection breaks after the command was sent (a failover, a network cut)."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self.lost = 0
+
+    def execute_command(self, *args):
+        reply = self.client.execute_command(*args)
+        if args[0] == "LOCK.ACQUIRE" and not self.lost:
+            self.lost += 1
+            raise rx.ConnectionError("connection lost before the reply (simulated)")
+        return reply
+
+
+class FailureCases(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.server = Server()
+        cls.r = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.r.close()
+        cls.server.stop()
+
+    def both(self, case) -> None:
+        self.assertEqual(case(Lock), [], "the helper")
+        self.assertNotEqual(case(NaiveLock), [], "NaiveLock passed too: the case cannot fail")
+
+    def test_body_never_runs_without_the_lock(self) -> None:
+        """redis-py #621: a context manager ran its body although acquire had failed."""
+
+        def case(kind):
+            key, ran = fresh_key(), []
+            holder = Lock(self.r, key, 10000)
+            holder.acquire()
+            try:
+                with kind(self.r, key, 10000):
+                    ran.append("body")
+            except LockNotAcquired:
+                pass
+            holder.release()
+            return ["the body ran without the lock"] if ran else []
+
+        self.both(case)
+
+    def test_no_renewal_after_release(self) -> None:
+        """Redisson #7272 / #1626: the watchdog outlived unlock() and renewed after it."""
+
+        def case(kind):
+            key = fresh_key()
+            lock = kind(self.r, key, 300, watchdog=True)
+            pause = Pause()
+            lock._watchdog_paused = pause
+            lock.acquire()
+            # The timer fired and the watchdog is about to renew when release() is called.
+            self.assertTrue(pause.reached.wait(10), "the watchdog never woke")
+            done = threading.Event()
+            renewals_at_return = []
+
+            def release():
+                lock.release()
+                renewals_at_return.append(self.server.calls("lock.renew"))
+                done.set()
+
+            releaser = threading.Thread(target=release)
+            releaser.start()
+            # The helper's release waits for the paused watchdog; the naive one returns.
+            releaser.join(0.5)
+            pause.go()
+            self.assertTrue(done.wait(10), "release() did not return")
+            thread = lock._thread
+            if thread is not None:
+                thread.join(10)
+            # The naive watchdog sends its renewal after release() returned.
+            wait_for("the watchdog thread to end", lambda: True if not (
+                thread and thread.is_alive()) else None)
+            after = self.server.calls("lock.renew")
+            problems = []
+            if after != renewals_at_return[0]:
+                problems.append(f"{after - renewals_at_return[0]} renewal(s) after release")
+            if self.server.state(key) == "held":
+                problems.append("the lock is held after release")
+            return problems
+
+        self.both(case)
+
+    def test_stalled_watchdog_reports_the_loss_and_never_renews_late(self) -> None:
+        """Redisson #5698: a renewal came too late, so two holders worked at once."""
+
+        def case(kind):
+            key = fresh_key()
+            lost = threading.Event()
+            lock = kind(self.r, key, 300, watchdog=True, on_lost=lambda _: lost.set())
+            pause = Pause()
+            lock._watchdog_paused = pause
+            lock.acquire()
+            self.assertTrue(pause.reached.wait(10), "the watchdog never woke")
+            # The watchdog stalls (GC pause, starved thread) while the lease runs out and a
+            # waiter takes the lock.
+            other = Lock(self.r, key, 10000, wait_ms=5000)
+            other_fence = other.acquire()
+            renewals = self.server.calls("lock.renew")
+            pause.go()
+            if kind is Lock:
+                self.assertTrue(lost.wait(10), "the loss was never reported")
+            else:
+                wait_for("the naive watchdog's late renewal",
+                         lambda: True if self.server.calls("lock.renew") > renewals else None)
+            problems = []
+            if self.server.calls("lock.renew") != renewals:
+                problems.append("a renewal was sent after the lease had ended")
+            ran = []
+            try:
+                lock.fenced(ran.append)
+            except LockLost:
+                pass
+            if ran:
+                problems.append("fenced work ran while another client held the lock")
+            if lock.held:
+                problems.append("it still believes it holds the lock")
+            if self.r.execute_command("LOCK.FENCE", key, other_fence) != 1:
+                problems.append("the new holder lost the lock")
+            lock.release()
+            other.release()
+            return problems
+
+        self.both(case)
+
+    def test_renewal_sets_the_lease(self) -> None:
+        """redis-py #629: extend() added to what was left instead of setting the lease."""
+
+        def case(kind):
+            key = fresh_key()
+            lock = kind(self.r, key, 3000)
+            lock.acquire()
+            if kind is Lock:
+                lock.renew()
+            else:
+                lock.extend(3000)
+            ttl = self.server.lock_info(key)["ttl"]
+            lock.release()
+            return [f"the lease is {ttl} ms after renewing to 3000 ms"] if ttl > 3000 else []
+
+        self.both(case)
+
+    def test_loss_is_signalled(self) -> None:
+        """RedLock.net #92, Redisson PR #7254: no signal when a lock was lost."""
+
+        def case(kind):
+            key = fresh_key()
+            lost = threading.Event()
+            lock = kind(self.r, key, 300, watchdog=True, on_lost=lambda _: lost.set())
+            lock.acquire()
+            self.assertEqual(self.r.execute_command("LOCK.FORCERELEASE", key), 1)
+            renewals = self.server.calls("lock.renew")
+            # The next renewal learns it; the naive one ignores the 0.
+            wait_for("the next renewal",
+                     lambda: True if self.server.calls("lock.renew") > renewals else None)
+            problems = []
+            if not lost.wait(2):
+                problems.append("on_lost was not called")
+            if lock.held:
+                problems.append("it still believes it holds the lock")
+            lock.release()
+            return problems
+
+        self.both(case)
+
+    def test_lost_reply_gets_the_same_grant_back(self) -> None:
+        """A failover or a cut connection hides an ACQUIRE's reply: retried with a new token,
+        the grant is orphaned and the lock stays busy for a whole lease."""
+
+        def case(kind):
+            key = fresh_key()
+            lock = kind(LostReply(self.r), key, 10000)
+            granted = lock.acquire()
+            info = self.server.lock_info(key)
+            problems = []
+            if not granted:
+                problems.append(f"reported not acquired while the lock is {info['state']!r}")
+            elif info["holds"] != 1 or lock.fence != info["fence"]:
+                problems.append(f"fence {lock.fence}, server {info}")
+            if self.r.execute_command("LOCK.FORCERELEASE", key) != 1:
+                problems.append("nothing held")
+            return problems
+
+        self.both(case)
+
+
+class Guard(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.server = Server()
+        cls.r = cls.server.client()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.r.close()
+        cls.server.stop()
+
+    def test_with_block_holds_the_lock_and_releases_it(self) -> None:
+        key = fresh_key()
+        with Lock(self.r, key, 10000) as lock:
+            info = self.server.lock_info(key)
+            self.assertEqual(info["state"], b"held")
+            self.assertEqual(lock.fence, info["fence"])
+            self.assertEqual(lock.check(), lock.fence)
+            self.assertEqual(lock.fenced(lambda fence: fence * 2), 2 * lock.fence)
+            self.assertNotIn(repr(lock._token), repr(lock))
+        self.assertEqual(self.server.state(key), "free")
+        self.assertFalse(lock.held)
+        with self.assertRaises(Exception):
+            lock.check()
+
+    def test_a_second_holder_is_refused_and_a_waiter_served(self) -> None:
+        key = fresh_key()
+        first = Lock(self.r, key, 10000)
+        fence = first.acquire()
+        with self.assertRaises(LockNotAcquired):
+            Lock(self.r, key, 10000).acquire()
+        with self.assertRaises(LockNotAcquired):
+            Lock(self.r, key, 10000, wait_ms=50).acquire()
+        got = []
+        waiter = threading.Thread(
+            target=lambda: got.append(Lock(self.server.client(), key, 10000, wait_ms=10000)
+                                      .acquire()))
+        waiter.start()
+        wait_for("the waiter to queue",
+                 lambda: True if self.server.lock_info(key)["waiters"] == 1 else None)
+        self.assertTrue(first.release())
+        waiter.join(10)
+        self.assertEqual(len(got), 1)
+        self.assertGreater(got[0], fence)
+        self.assertEqual(self.server.lock_info(key)["fence"], got[0])
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+
+    def test_a_grant_after_a_wait_longer_than_the_lease_is_held(self) -> None:
+        # Granted at an unknown moment of a 0.5 s wait with a 300 ms lease: the helper renews
+        # once to know when its lease ends, instead of calling the fresh grant lost.
+        key = fresh_key()
+        holder = Lock(self.r, key, 10000)
+        holder.acquire()
+        result = []
+        lock = Lock(self.server.client(), key, 300, wait_ms=10000, watchdog=True)
+        waiter = threading.Thread(target=lambda: result.append(lock.acquire()))
+        waiter.start()
+        wait_for("the waiter to queue",
+                 lambda: True if self.server.lock_info(key)["waiters"] == 1 else None)
+        time.sleep(0.5)  # the wait must outlast the lease length; nothing to poll for
+        holder.release()
+        waiter.join(10)
+        self.assertEqual(len(result), 1)
+        self.assertTrue(lock.held)
+        self.assertEqual(lock.check(), result[0])
+        self.assertTrue(lock.release())
+
+    def test_release_after_expiry_reports_false(self) -> None:
+        key = fresh_key()
+        lock = Lock(self.r, key, 50)
+        lock.acquire()
+        wait_for("the lease to end", lambda: True if self.server.state(key) != "held" else None)
+        self.assertTrue(lock.lost)
+        with self.assertRaises(LockLost):
+            lock.check()
+        self.assertFalse(lock.release())
+
+    def test_transaction_writes_only_while_the_fence_is_current(self) -> None:
+        key, data = fresh_key(), fresh_key()
+        lock = Lock(self.r, key, 10000, watchdog=True)
+        lock.acquire()
+        self.assertEqual(lock.transaction(lambda pipe: pipe.set(data, "first"), data), [True])
+        self.assertEqual(self.r.get(data), b"first")
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        other = Lock(self.r, key, 10000)
+        other.acquire()
+        with self.assertRaises(LockLost):
+            lock.transaction(lambda pipe: pipe.set(data, "stale"), data)
+        self.assertEqual(self.r.get(data), b"first")
+        self.assertFalse(lock.release())
+        other.release()
+
+    def test_bad_arguments_are_refused_before_any_command(self) -> None:
+        for kwargs in ({"ttl_ms": 0}, {"ttl_ms": -1}, {"ttl_ms": 1.5},
+                       {"ttl_ms": 100, "wait_ms": -1}, {"ttl_ms": 2, "watchdog": True}):
+            with self.assertRaises(ValueError):
+                Lock(self.r, "k", **kwargs)
+        with self.assertRaises(rx.ResponseError) as refused:
+            Lock(self.r, fresh_key(), 10**12).acquire()
+        self.assertIn("invalid ttl-ms", str(refused.exception))
+
+
+class Scripted:
+    """A fake client answering from a script: an exception to raise, or a reply."""
+
+    def __init__(self, *script):
+        self.script = list(script)
+        self.calls = []
+
+    def execute_command(self, *args):
+        self.calls.append(args)
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+class Retries(unittest.TestCase):
+    def test_which_errors_are_retried(self) -> None:
+        retried = [rx.ConnectionError("x"), rx.TimeoutError("x"), rx.TryAgainError("x"),
+                   rx.ClusterDownError("x"), rx.ReadOnlyError("x"), rx.BusyLoadingError("x"),
+                   rx.ResponseError("UNBLOCKED force unblock from blocking operation")]
+        for error in retried:
+            self.assertTrue(is_retriable(error), error)
+        for error in (rx.ResponseError("ERR invalid ttl-ms: must be positive"),
+                      rx.ResponseError("WRONGTYPE Operation against a key"),
+                      rx.MovedError("3999 127.0.0.1:6381"), ValueError("x")):
+            self.assertFalse(is_retriable(error), error)
+
+    def test_acquire_retries_with_the_same_token(self) -> None:
+        client = Scripted(rx.ResponseError("UNBLOCKED no longer a primary"),
+                          rx.TryAgainError("key moved"), rx.ClusterDownError("failing over"), 42)
+        lock = Lock(client, "k", 1000, wait_ms=0, retry=FAST_RETRY)
+        self.assertEqual(lock.acquire(), 42)
+        self.assertEqual(len(client.calls), 4)
+        self.assertEqual(len({call[2] for call in client.calls}), 1, "one token for every try")
+        self.assertTrue(all(call[-2:] == ("WAIT", 0) for call in client.calls))
+
+    def test_a_spent_wait_budget_ends_with_a_plain_attempt(self) -> None:
+        client = Scripted(rx.ConnectionError("cut"), None)
+        lock = Lock(client, "k", 1000, wait_ms=1, retry=RetryPolicy(attempts=3, base=0.05,
+                                                                    cap=0.05))
+        with self.assertRaises(LockNotAcquired):
+            lock.acquire()
+        self.assertEqual(client.calls[0][-2:], ("WAIT", 1))
+        self.assertEqual(len(client.calls[1]), 4, "no WAIT once the budget is spent")
+
+    def test_retries_are_bounded_and_the_unknown_grant_released(self) -> None:
+        client = Scripted(*[rx.ConnectionError("down")] * 4, rx.ConnectionError("down"))
+        lock = Lock(client, "k", 1000, retry=FAST_RETRY)
+        with self.assertRaises(LockUnknown):
+            lock.acquire()
+        self.assertEqual([call[0] for call in client.calls], ["LOCK.ACQUIRE"] * 4 + ["LOCK.RELEASE"])
+        self.assertEqual(client.calls[-1][2], client.calls[0][2])
+
+    def test_other_errors_are_not_retried(self) -> None:
+        client = Scripted(rx.ResponseError("WRONGTYPE Operation against a key"))
+        with self.assertRaises(rx.ResponseError):
+            Lock(client, "k", 1000, retry=FAST_RETRY).acquire()
+        self.assertEqual(len(client.calls), 1)
+
+
+class InCluster(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.cluster = Cluster(3)
+        cls.rc = redis.cluster.RedisCluster(host="127.0.0.1", port=cls.cluster.nodes[0].port,
+                                            socket_timeout=30)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.rc.close()
+        cls.cluster.stop()
+
+    def test_the_watchdog_follows_the_lock_to_its_new_node(self) -> None:
+        key = "{order:1}:lock"
+        lost = threading.Event()
+        lock = Lock(self.rc, key, 300, watchdog=True, on_lost=lambda _: lost.set())
+        fence = lock.acquire()
+        source = self.cluster.owner_of(key)
+        target = (source + 1) % 3
+        self.cluster.migrate_key_slot(key, source, target)
+        new_owner = self.cluster.nodes[target]
+        renewals = new_owner.calls("lock.renew")
+        wait_for("two renewals on the new node",
+                 lambda: True if new_owner.calls("lock.renew") >= renewals + 2 else None)
+        self.assertFalse(lost.is_set())
+        self.assertEqual(new_owner.admin.execute_command("LOCK.FENCE", key, fence), 1)
+        self.assertTrue(lock.release())
+        self.assertEqual(new_owner.state(key), "free")
+
+    def test_a_waiter_whose_key_moves_is_retried_and_served(self) -> None:
+        key = "{order:2}:lock"
+        holder = Lock(self.rc, key, 10000)
+        holder.acquire()
+        source = self.cluster.owner_of(key)
+        target = (source + 1) % 3
+        waiter_client = redis.cluster.RedisCluster(
+            host="127.0.0.1", port=self.cluster.nodes[0].port, socket_timeout=30)
+        result = []
+        lock = Lock(waiter_client, key, 10000, wait_ms=20000)
+        waiter = threading.Thread(target=lambda: result.append(lock.acquire()))
+        waiter.start()
+        try:
+            src = self.cluster.nodes[source]
+            wait_for("the waiter to queue",
+                     lambda: True if src.lock_info(key)["waiters"] == 1 else None)
+            # MIGRATE takes the key: the waiter gets -TRYAGAIN and is sent again, same token,
+            # to the new node, where it queues until the holder lets go.
+            self.cluster.migrate_key_slot(key, source, target)
+            dst = self.cluster.nodes[target]
+            wait_for("the waiter to queue on the new node",
+                     lambda: True if (dst.lock_info(key) or {}).get("waiters") == 1 else None)
+            self.assertTrue(holder.release())
+            waiter.join(15)
+            self.assertEqual(len(result), 1)
+            self.assertEqual(dst.lock_info(key)["fence"], result[0])
+            self.assertTrue(lock.release())
+        finally:
+            waiter.join(15)
+            waiter_client.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
