@@ -123,6 +123,7 @@ test-clients: debug ## The Python and Rust client helpers' tests against the mod
 			--target "$(CLIENTS_PY)" "redis==$(REDIS_PY_PIN)"; }
 	cd clients/python && PYTHONPATH="$(CLIENTS_PY):.:tests" LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" \
 		python3 -m unittest discover -s tests -v
+	cd clients/rust && LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" $(CARGO) test
 
 # The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on each
 # server MATRIX names, which .ci/server installs (pinned) and prints: Redis 8.2.3 and Valkey 9.1.2
@@ -148,6 +149,7 @@ test-matrix: debug ## Run the tests on REDIS_SERVER (Debian: Redis 7.0.15), Redi
 lint: deps ## cargo fmt --check and cargo clippy -D warnings, on the module and on clients/rust
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	cd clients/rust && $(CARGO) fmt -- --check && $(CARGO) clippy --all-targets -- -D warnings
 
 # The benchmark suite (bench/main.rs): its own redis-server processes, pinned apart from the load
 # (redis-benchmark and the bench's drivers) with taskset; every figure a ratio against a baseline

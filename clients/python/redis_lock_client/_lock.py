@@ -129,6 +129,9 @@ class Lock:
         self.watchdog = watchdog
         self.on_lost = on_lost
         self.retry = retry
+        # The local lease: the server counts whole milliseconds from when it ran the command, so
+        # allow 1% + 2 ms for rounding and clock rate.
+        self._lease_s = max(0.0, ttl_ms * 0.99 - 2) / 1000
         self._token: Optional[bytes] = None
         self._fence: Optional[int] = None
         self._lease_end = 0.0
@@ -217,7 +220,7 @@ class Lock:
                 raise LockNotAcquired(self.key, "held by another token")
             self._token = token
             self._fence = int(reply)
-            self._lease_end = sent + self.ttl_ms / 1000
+            self._lease_end = sent + self._lease_s
             self._lost_reason = None
             if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
                 # Granted at some moment of a long wait: only "after sent" is known, so the local
@@ -363,7 +366,7 @@ class Lock:
                 return self._mark_lost("the renewal was answered after the lease ran out")
             if reply != 1:
                 return self._mark_lost("LOCK.RENEW replied 0: the token no longer holds it")
-            self._lease_end = sent + self.ttl_ms / 1000
+            self._lease_end = sent + self._lease_s
             return None
 
     def _mark_lost(self, reason: str) -> str:

@@ -1,0 +1,228 @@
+//! The guard against a real server: fences, release on drop, refusal without running the body,
+//! waiting on the server, and a lost reply on acquire.
+
+// The harness carries its own `#![allow(dead_code)]` as well.
+#![allow(clippy::duplicated_attributes)]
+
+#[allow(dead_code)]
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use common::{fence_of, lock_field, lock_info, state_of, Reply, Server};
+use redis::{ConnectionLike, RedisResult, Value};
+use redis_lock_client::{BoxedConnection, Connector, Error, Lock};
+
+fn client(server: &Server) -> redis::Client {
+    redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client")
+}
+
+fn calls(server: &Server, command: &str) -> i64 {
+    server
+        .info_field("commandstats", &format!("cmdstat_{command}"))
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+// Guard basics: the fence is the server's, drop releases with the token, and a refused
+// acquire never runs the body (redis-py #621: code ran although the lock was not acquired).
+#[test]
+fn guard_gives_the_servers_fence_releases_on_drop_and_refusal_never_runs_the_body() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let lock = Lock::new(client(&server), "orders:1", Duration::from_secs(30));
+    {
+        let guard = lock.acquire().expect("acquire");
+        assert_eq!(guard.fence(), fence_of(&mut conn, "orders:1"));
+        assert_eq!(state_of(&mut conn, "orders:1"), "held");
+        assert_eq!(lock_field(&mut conn, "orders:1", "holds"), Reply::Int(1));
+
+        // Another acquisition (its own token) is refused, and its body never runs.
+        let other = Lock::new(client(&server), "orders:1", Duration::from_secs(30));
+        assert!(matches!(other.acquire(), Err(Error::NotAcquired)));
+        let ran = AtomicBool::new(false);
+        let result = other.run(|_| ran.store(true, Ordering::SeqCst));
+        assert!(matches!(result, Err(Error::NotAcquired)), "{result:?}");
+        assert!(!ran.load(Ordering::SeqCst), "body ran without the lock");
+
+        assert_eq!(guard.fenced(|fence| fence).expect("fenced"), guard.fence());
+        assert!(guard.check().is_ok());
+        assert!(!guard.is_lost());
+    }
+    // Dropped: released with its token.
+    assert_eq!(state_of(&mut conn, "orders:1"), "free");
+    assert_eq!(lock_field(&mut conn, "orders:1", "holds"), Reply::Int(0));
+
+    // run() holds the lock for the body and releases after it.
+    let fence = lock
+        .run(|fence| {
+            let mut c = server.conn();
+            assert_eq!(state_of(&mut c, "orders:1"), "held");
+            assert_eq!(fence_of(&mut c, "orders:1"), fence);
+            fence
+        })
+        .expect("run");
+    assert_eq!(state_of(&mut conn, "orders:1"), "free");
+    assert_eq!(fence_of(&mut conn, "orders:1"), fence);
+
+    // With tombstones off, an explicit release deletes the key.
+    assert_eq!(
+        conn.call(&["CONFIG", "SET", "lock.tombstone-ttl", "0"]),
+        Reply::status("OK")
+    );
+    let guard = lock.acquire().expect("acquire again");
+    assert!(guard.fence() > fence);
+    assert!(guard.release().expect("release"));
+    assert_eq!(lock_info(&mut conn, "orders:1"), None);
+}
+
+// Waiting on the server: a WAIT acquire is granted when the holder releases.
+#[test]
+fn waiting_acquire_is_granted_when_the_holder_releases() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let holder = common::acquire(&mut conn, "jobs:7", "holder-token", 30_000);
+    let lock =
+        Lock::new(client(&server), "jobs:7", Duration::from_secs(30)).wait(Duration::from_secs(10));
+    let waiter = thread::spawn(move || lock.acquire().map(|g| (g.fence(), g)));
+    common::wait_blocked(&server, 1);
+    assert_eq!(
+        conn.call(&["LOCK.RELEASE", "jobs:7", "holder-token"]),
+        Reply::Int(1)
+    );
+    let (fence, guard) = waiter.join().expect("waiter thread").expect("granted");
+    assert!(fence > holder);
+    assert_eq!(fence_of(&mut conn, "jobs:7"), fence);
+    assert_eq!(state_of(&mut conn, "jobs:7"), "held");
+    drop(guard);
+    assert_eq!(state_of(&mut conn, "jobs:7"), "free");
+
+    // A limited wait that runs out is NotAcquired, after a final non-waiting attempt.
+    common::acquire(&mut conn, "jobs:7", "holder-token", 30_000);
+    let lock = Lock::new(client(&server), "jobs:7", Duration::from_secs(30))
+        .wait(Duration::from_millis(100));
+    assert!(matches!(lock.acquire(), Err(Error::NotAcquired)));
+    assert_eq!(lock_field(&mut conn, "jobs:7", "waiters"), Reply::Int(0));
+}
+
+// A grant at an unknown moment of a wait longer than the lease: the guard renews once to learn
+// when its lease ends, instead of calling the fresh grant lost.
+#[test]
+fn a_grant_after_a_wait_longer_than_the_lease_is_held() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    common::acquire(&mut conn, "jobs:8", "holder-token", 30_000);
+    let lock = Lock::new(client(&server), "jobs:8", Duration::from_millis(300))
+        .wait(Duration::from_secs(10))
+        .watchdog(true);
+    let waiter = thread::spawn(move || lock.acquire());
+    common::wait_blocked(&server, 1);
+    // The wait must outlast the 300 ms lease; there is nothing to poll for.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        conn.call(&["LOCK.RELEASE", "jobs:8", "holder-token"]),
+        Reply::Int(1)
+    );
+    let guard = waiter.join().expect("waiter thread").expect("granted");
+    assert!(guard.check().is_ok(), "{:?}", guard.lost_reason());
+    assert_eq!(fence_of(&mut conn, "jobs:8"), guard.fence());
+    assert!(guard.release().expect("release"));
+}
+
+/// Opens real connections; the first ACQUIRE on the first connection runs on the server but
+/// its reply is thrown away and the caller sees a reset connection.
+struct LoseFirstAcquireReply {
+    client: redis::Client,
+    acquires: Arc<AtomicUsize>,
+    connects: Arc<AtomicUsize>,
+}
+
+struct LosingConnection {
+    inner: redis::Connection,
+    acquires: Arc<AtomicUsize>,
+}
+
+impl ConnectionLike for LosingConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let is_acquire = cmd.windows(12).any(|w| w == b"LOCK.ACQUIRE");
+        let reply = self.inner.req_packed_command(cmd);
+        if is_acquire && self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
+            assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
+            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "reply lost").into());
+        }
+        reply
+    }
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.inner.req_packed_commands(cmd, offset, count)
+    }
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+    fn check_connection(&mut self) -> bool {
+        self.inner.check_connection()
+    }
+    fn is_open(&self) -> bool {
+        self.inner.is_open()
+    }
+}
+
+impl Connector for LoseFirstAcquireReply {
+    fn connect(
+        &self,
+        timeout: Duration,
+        read_timeout: Option<Duration>,
+    ) -> RedisResult<BoxedConnection> {
+        self.connects.fetch_add(1, Ordering::SeqCst);
+        let inner = self.client.get_connection_with_timeout(timeout)?;
+        inner.set_read_timeout(read_timeout)?;
+        Ok(Box::new(LosingConnection {
+            inner,
+            acquires: Arc::clone(&self.acquires),
+        }))
+    }
+}
+
+// Lost reply on acquire (failover "unknown" outcome): the grant happened but the client saw an
+// I/O error; the retry with the same token gets the same fence, and holds stays 1 (no second
+// hold, no second holder).
+#[test]
+fn lost_acquire_reply_is_retried_with_the_same_token_and_gets_the_same_fence() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let acquires = Arc::new(AtomicUsize::new(0));
+    let connects = Arc::new(AtomicUsize::new(0));
+    let connector = LoseFirstAcquireReply {
+        client: client(&server),
+        acquires: Arc::clone(&acquires),
+        connects: Arc::clone(&connects),
+    };
+    let lock = Lock::new(connector, "pay:9", Duration::from_secs(30));
+    let guard = lock.acquire().expect("acquire after a lost reply");
+    assert_eq!(acquires.load(Ordering::SeqCst), 2, "one retry");
+    assert_eq!(
+        connects.load(Ordering::SeqCst),
+        2,
+        "reconnected after the I/O error"
+    );
+    assert_eq!(calls(&server, "lock.acquire"), 2);
+    assert_eq!(guard.fence(), fence_of(&mut conn, "pay:9"));
+    assert_eq!(lock_field(&mut conn, "pay:9", "holds"), Reply::Int(1));
+    assert_eq!(state_of(&mut conn, "pay:9"), "held");
+    assert!(guard.release().expect("release"));
+    assert_eq!(state_of(&mut conn, "pay:9"), "free");
+}

@@ -1,0 +1,174 @@
+//! Retry classification with a fake connection that answers with canned errors: which errors
+//! are retried (same token, bounded attempts, reconnecting after I/O errors) and which are not.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{ConnectionLike, RedisResult, Value};
+use redis_lock_client::{is_retryable, BoxedConnection, Connector, Error, Lock, RetryPolicy};
+
+/// What the fake saw: connections opened and commands received (as text).
+#[derive(Default)]
+struct Log {
+    connects: usize,
+    commands: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Canned {
+    /// Replies in order; the last one repeats.
+    replies: Arc<Vec<Reply>>,
+    log: Arc<Mutex<Log>>,
+}
+
+#[derive(Clone)]
+enum Reply {
+    Wire(&'static [u8]),
+    Io,
+}
+
+struct FakeConn {
+    canned: Canned,
+}
+
+impl FakeConn {
+    fn next(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let mut log = self.canned.log.lock().expect("log");
+        log.commands.push(String::from_utf8_lossy(cmd).into_owned());
+        let n = log.commands.len() - 1;
+        let replies = &self.canned.replies;
+        match &replies[n.min(replies.len() - 1)] {
+            Reply::Io => Err(io::Error::new(io::ErrorKind::BrokenPipe, "gone").into()),
+            Reply::Wire(bytes) => redis::parse_redis_value(bytes)?.extract_error(),
+        }
+    }
+}
+
+impl ConnectionLike for FakeConn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.next(cmd)
+    }
+    fn req_packed_commands(&mut self, cmd: &[u8], _: usize, _: usize) -> RedisResult<Vec<Value>> {
+        self.next(cmd).map(|v| vec![v])
+    }
+    fn get_db(&self) -> i64 {
+        0
+    }
+    fn check_connection(&mut self) -> bool {
+        true
+    }
+    fn is_open(&self) -> bool {
+        true
+    }
+}
+
+impl Connector for Canned {
+    fn connect(&self, _: Duration, _: Option<Duration>) -> RedisResult<BoxedConnection> {
+        self.log.lock().expect("log").connects += 1;
+        Ok(Box::new(FakeConn {
+            canned: self.clone(),
+        }))
+    }
+}
+
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        attempts: 4,
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(4),
+    }
+}
+
+fn run(replies: Vec<Reply>) -> (Result<i64, Error>, Arc<Mutex<Log>>) {
+    let canned = Canned {
+        replies: Arc::new(replies),
+        log: Arc::default(),
+    };
+    let log = Arc::clone(&canned.log);
+    let lock = Lock::new(canned, "k", Duration::from_secs(5)).retry(policy());
+    // The guard's release on drop goes to the fake too; only the acquire is of interest.
+    let result = lock.acquire().map(|g| {
+        let fence = g.fence();
+        std::mem::forget(g);
+        fence
+    });
+    (result, log)
+}
+
+fn token_of(command: &str) -> String {
+    // *4, $12, LOCK.ACQUIRE, $1, k, $32, <token>, ...: the token is line 6 (from 0).
+    command.split("\r\n").nth(6).unwrap_or_default().to_string()
+}
+
+// Retry classification (failover errors): TRYAGAIN, CLUSTERDOWN, UNBLOCKED and I/O errors are
+// retried with the same token a bounded number of times, then acquire says Unknown.
+#[test]
+fn failover_errors_are_retried_boundedly_with_the_same_token() {
+    let cases: [(&str, Reply); 4] = [
+        ("TRYAGAIN", Reply::Wire(b"-TRYAGAIN the key moved\r\n")),
+        (
+            "CLUSTERDOWN",
+            Reply::Wire(b"-CLUSTERDOWN the cluster is down\r\n"),
+        ),
+        (
+            "UNBLOCKED",
+            Reply::Wire(b"-UNBLOCKED the node became a replica\r\n"),
+        ),
+        ("IO", Reply::Io),
+    ];
+    for (name, reply) in cases {
+        let (result, log) = run(vec![reply]);
+        let log = log.lock().expect("log");
+        assert!(
+            matches!(result, Err(Error::Unknown(_))),
+            "{name}: {result:?}"
+        );
+        assert_eq!(log.commands.len(), 4, "{name}: attempts");
+        let first = token_of(&log.commands[0]);
+        assert_eq!(first.len(), 32, "{name}");
+        assert!(
+            log.commands.iter().all(|c| token_of(c) == first),
+            "{name}: same token on every attempt"
+        );
+        let expected_connects = if name == "IO" { 4 } else { 1 };
+        assert_eq!(log.connects, expected_connects, "{name}: reconnects");
+    }
+}
+
+// A retryable error followed by a grant: the grant is returned.
+#[test]
+fn a_grant_after_retryable_errors_is_returned() {
+    let (result, log) = run(vec![
+        Reply::Wire(b"-TRYAGAIN moved\r\n"),
+        Reply::Io,
+        Reply::Wire(b":12345\r\n"),
+    ]);
+    assert_eq!(result.expect("granted"), 12345);
+    let log = log.lock().expect("log");
+    assert_eq!(log.commands.len(), 3);
+    assert_eq!(log.connects, 2);
+}
+
+// Errors that no retry can fix (WRONGTYPE, ERR, NOPERM) are reported at once: one attempt.
+#[test]
+fn other_errors_are_not_retried() {
+    let cases: [&'static [u8]; 3] = [
+        b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+        b"-ERR invalid ttl-ms: must be positive\r\n",
+        b"-NOPERM no permissions\r\n",
+    ];
+    for wire in cases {
+        let (result, log) = run(vec![Reply::Wire(wire)]);
+        let log = log.lock().expect("log");
+        match result {
+            Err(Error::Redis(e)) => assert!(!is_retryable(&e), "{e}"),
+            other => panic!("{}: {other:?}", String::from_utf8_lossy(wire)),
+        }
+        assert_eq!(log.commands.len(), 1, "{}", String::from_utf8_lossy(wire));
+    }
+    // A nil reply is a refusal, not an error: NotAcquired, no retry.
+    let (result, log) = run(vec![Reply::Wire(b"$-1\r\n")]);
+    assert!(matches!(result, Err(Error::NotAcquired)), "{result:?}");
+    assert_eq!(log.lock().expect("log").commands.len(), 1);
+}
