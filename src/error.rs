@@ -53,6 +53,12 @@ pub enum LockError {
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
     BadEffect(&'static str),
+    /// LOCK.GUARD: the fence is not the lock's current one, so the command did not run.
+    StaleFence,
+    /// LOCK.GUARD: the calling user may not run the guarded command (or touch its keys).
+    GuardNoPerm,
+    /// LOCK.GUARD: a command it must not run, and why.
+    Unguardable(&'static str),
     /// Something that should not happen (a bug, or the server refusing what it never refuses):
     /// what it was goes to the server log when the error is replied.
     Internal(&'static str),
@@ -107,6 +113,13 @@ impl LockError {
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),
             LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
+            LockError::StaleFence => "FENCED the fence is not the current holder's; the \
+                 command did not run"
+                .into(),
+            LockError::GuardNoPerm => "NOPERM this user has no permissions to run the guarded \
+                 command with these arguments"
+                .into(),
+            LockError::Unguardable(why) => format!("ERR LOCK.GUARD cannot run this command: {why}"),
             LockError::Internal(_) => {
                 "ERR internal error in the lock module; details are in the server log".into()
             }

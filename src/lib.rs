@@ -24,10 +24,10 @@ pub mod service;
 
 use std::ffi::CStr;
 
-use host::command::{entry, ArgDef, ArgKind, CommandDef, KeyAccess};
+use host::command::{entry, entry_declaring_keys, ArgDef, ArgKind, CommandDef, KeyAccess};
 use service::commands::{
-    LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockInfo, LockRelease,
-    LockRenew, LockWait,
+    LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockGuard, LockInfo,
+    LockRelease, LockRenew, LockWait,
 };
 
 /// Rust allocations go through Redis' allocator, so INFO memory, MEMORY USAGE and maxmemory
@@ -61,6 +61,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockAcquire>,
         flags: c"write deny-oom blocking",
         arity: -4,
+        more_keys: false,
         key: Some(KeyAccess::ReadWrite),
         summary: c"Takes the lock for a token and returns its fence, or nil when another token holds it.",
         complexity: c"O(1)",
@@ -80,6 +81,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockRelease>,
         flags: c"write fast",
         arity: 3,
+        more_keys: false,
         key: Some(KeyAccess::ReadWrite),
         summary: c"Drops one hold of the lock if the token holds it; at zero holds the lock is free.",
         complexity: c"O(1)",
@@ -91,6 +93,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockRenew>,
         flags: c"write blocking",
         arity: -4,
+        more_keys: false,
         key: Some(KeyAccess::ReadWrite),
         summary: c"Extends the lease to ttl-ms from now if the token holds the lock.",
         complexity: c"O(1)",
@@ -102,6 +105,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockFence>,
         flags: c"readonly fast",
         arity: 3,
+        more_keys: false,
         key: Some(KeyAccess::Read),
         summary: c"Tells whether a fence belongs to the current, unexpired holder of the lock.",
         complexity: c"O(1)",
@@ -113,6 +117,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockWait>,
         flags: c"readonly blocking",
         arity: 3,
+        more_keys: false,
         key: Some(KeyAccess::Read),
         summary: c"Waits, without taking the lock, until the current grant ends; 1 when it did, 0 on timeout.",
         complexity: c"O(1)",
@@ -124,6 +129,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockInfo>,
         flags: c"readonly fast",
         arity: 2,
+        more_keys: false,
         key: Some(KeyAccess::Read),
         summary: c"Shows a lock's state, last fence, remaining lease, holds, waiters and session flag; never the token.",
         complexity: c"O(1)",
@@ -135,6 +141,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockForceRelease>,
         flags: c"write fast",
         arity: 2,
+        more_keys: false,
         key: Some(KeyAccess::Update),
         summary: c"Frees the lock whoever holds it (operators only).",
         complexity: c"O(1)",
@@ -142,10 +149,28 @@ pub static COMMANDS: &[CommandDef] = &[
         acl: c"dangerous",
     },
     CommandDef {
+        name: c"lock.guard",
+        callback: entry_declaring_keys::<LockGuard>,
+        flags: c"write getkeys-api",
+        arity: -4,
+        more_keys: true,
+        key: Some(KeyAccess::Read),
+        summary: c"Runs a command only if the fence is the lock's current one, atomically; the command is replicated as itself.",
+        complexity: c"O(1) plus the complexity of the command",
+        args: &[
+            KEY,
+            ArgDef::new(c"fence", ArgKind::Integer),
+            ArgDef::new(c"command", ArgKind::String),
+            ArgDef::new(c"arg", ArgKind::String).optional().multiple(),
+        ],
+        acl: c"",
+    },
+    CommandDef {
         name: c"lock.apply",
         callback: entry::<LockApply>,
         flags: c"write no-monitor no-slowlog",
         arity: -3,
+        more_keys: false,
         key: Some(KeyAccess::Overwrite),
         summary: c"Internal: applies a lock state change sent by the primary or read from the AOF.",
         complexity: c"O(1)",
@@ -161,6 +186,7 @@ pub static COMMANDS: &[CommandDef] = &[
         callback: entry::<LockFloor>,
         flags: c"write no-monitor no-slowlog",
         arity: 2,
+        more_keys: false,
         key: None,
         summary: c"Internal: raises the fence floor; written to the AOF and replication stream by the primary.",
         complexity: c"O(1)",

@@ -152,6 +152,9 @@ pub static SYNC_FAILED: Counter = Counter::new();
 pub static RECLAIMED: Counter = Counter::new();
 pub static FENCE_CHECKS: Counter = Counter::new();
 pub static FENCE_REJECTS: Counter = Counter::new();
+/// LOCK.GUARD: commands run under a current fence, and calls refused for a stale one.
+pub static GUARDED: Counter = Counter::new();
+pub static GUARD_REJECTS: Counter = Counter::new();
 
 /// The fields of `INFO lock`, in order, without the `lock_` prefix Redis adds.
 pub fn fields() -> Vec<(&'static str, i64)> {
@@ -176,6 +179,8 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("sync_failed", c(&SYNC_FAILED)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
+        ("guarded", c(&GUARDED)),
+        ("guard_rejects", c(&GUARD_REJECTS)),
         ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),
         ("acquire_wait_p99_us", us(ACQUIRE_WAIT.quantile(0.99))),
         ("acquire_wait_max_us", us(ACQUIRE_WAIT.max())),

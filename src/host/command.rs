@@ -8,6 +8,7 @@ use std::ptr;
 use redis_module::{raw, Context, RedisString, RedisValue};
 
 use crate::error::LockError;
+use crate::host::call;
 use crate::host::{guarded, log_warning, ERR, OK};
 
 /// What a command handler answers: a reply, or an error whose text the client sees.
@@ -38,6 +39,34 @@ pub extern "C" fn entry<C: Command>(
     });
     reply(&context, outcome);
     OK
+}
+
+/// A command whose keys depend on its arguments (flag `getkeys-api`): the server also calls it
+/// only to ask where its keys are, for cluster routing, ACL key patterns and COMMAND GETKEYS.
+pub trait DeclaresKeys: Command {
+    /// The positions of the keys in `args` (the command name is 0), each with its
+    /// `REDISMODULE_CMD_KEY_*` flags.
+    fn keys(ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)>;
+}
+
+/// The entry point of a `getkeys-api` command `C`: answers key position requests, and runs the
+/// command otherwise.
+pub extern "C" fn entry_declaring_keys<C: DeclaresKeys>(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut *mut raw::RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let context = Context::new(ctx);
+    if call::is_keys_position_request(&context) {
+        guarded((), || {
+            let args = borrowed_args(ctx, argv, argc);
+            for (position, flags) in C::keys(&context, as_strings(&args)) {
+                call::declare_key(&context, position, flags);
+            }
+        });
+        return OK;
+    }
+    entry::<C>(ctx, argv, argc)
 }
 
 /// The command's arguments as strings borrowed from Redis for the call: no retain, no free
@@ -164,6 +193,11 @@ impl ArgDef {
         self
     }
 
+    pub const fn multiple(mut self) -> Self {
+        self.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
+        self
+    }
+
     /// The argument as COMMAND DOCS takes it; a block's arguments go into `storage`, which
     /// must live until Redis has copied them.
     fn to_raw(
@@ -233,6 +267,9 @@ pub struct CommandDef {
     pub arity: c_int,
     /// How the command touches its key (always the first argument), if it has one.
     pub key: Option<KeyAccess>,
+    /// More keys after the first, which only the command itself can find (`getkeys-api`): a
+    /// second key spec says so (unknown place, flags vary by call).
+    pub more_keys: bool,
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub args: &'static [ArgDef],
@@ -279,6 +316,20 @@ fn first_key_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
     }
 }
 
+/// The key spec of keys only the command's `getkeys-api` finds: somewhere after the first
+/// argument, each accessed as that call says (RW as the widest for tools that read specs only).
+fn unknown_keys_spec() -> raw::RedisModuleCommandKeySpec {
+    let mut spec = zeroed_key_spec();
+    spec.flags = u64::from(
+        raw::REDISMODULE_CMD_KEY_RW
+            | raw::REDISMODULE_CMD_KEY_INCOMPLETE
+            | raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS,
+    );
+    spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_UNKNOWN;
+    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_UNKNOWN;
+    spec
+}
+
 /// Registers one command with its documentation, key spec and ACL categories (the module's
 /// `category` plus the command's own, where the server supports command categories: 7.2+).
 pub fn create_command(
@@ -320,6 +371,11 @@ pub fn create_command(
     }
     let mut key_specs = [
         def.key.map_or_else(zeroed_key_spec, first_key_spec),
+        if def.more_keys {
+            unknown_keys_spec()
+        } else {
+            zeroed_key_spec()
+        },
         zeroed_key_spec(),
     ];
     let mut storage = Vec::new();

@@ -6,6 +6,7 @@
 //!
 //! - [`api`]: which parts of the module API this server has (required and optional);
 //! - [`command`]: command registration (flags, key specs, docs, ACL) and the command entry point;
+//! - [`call`]: running another command from a command (RM_Call), and key position requests;
 //! - [`blocking`]: clients blocked on keys, with their reply, timeout, disconnect and free calls;
 //! - [`timer`], [`events`]: timers, server events and keyspace notifications;
 //! - [`value`]: the data type's callbacks (RDB, AOF rewrite, digest, copy, memory, aux data);
@@ -15,6 +16,7 @@
 
 pub mod api;
 pub mod blocking;
+pub mod call;
 pub mod command;
 pub mod config;
 pub mod events;

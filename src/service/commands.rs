@@ -20,6 +20,7 @@ use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{change, create_for_waiters, expire_overdue, reclaim_if_due};
 use crate::service::effects;
+use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
@@ -46,6 +47,13 @@ commands! {
     LockForceRelease => force_release,
     LockApply => apply,
     LockFloor => floor_cmd,
+    LockGuard => guard,
+}
+
+impl crate::host::command::DeclaresKeys for LockGuard {
+    fn keys(ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {
+        crate::service::guard::keys(ctx, args)
+    }
 }
 
 /// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION]`

@@ -6,7 +6,7 @@
 //! - `events`: what server events and keyspace notifications mean; defers work to
 //! - `deferred`: jobs run from a timer (settle waiters, end sessions, check the config);
 //! - `expiry`: the lease timer's handler, the index rebuild and the slots being imported;
-//! - `commands` (with `args`): the LOCK.* commands;
+//! - `commands` (with `args`): the LOCK.* commands; `guard`: LOCK.GUARD, a command run under a fence;
 //! - `handoff`: blocking and serving waiters;
 //! - `acks`: replies that wait for replicas (SYNC);
 //! - `change`: a change of a stored lock and what follows it;
@@ -24,6 +24,7 @@ pub mod deferred;
 pub mod effects;
 pub mod events;
 pub mod expiry;
+pub mod guard;
 pub mod handoff;
 pub mod leases;
 pub mod safety;

@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 18] = [
+const COUNTS: [&str; 20] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -41,6 +41,8 @@ const COUNTS: [&str; 18] = [
     "lock_sync_failed",
     "lock_fence_checks",
     "lock_fence_rejects",
+    "lock_guarded",
+    "lock_guard_rejects",
 ];
 
 /// Latency summaries, in µs.
@@ -59,7 +61,7 @@ const WARNINGS: [&str; 2] = [
 ];
 
 /// The public commands.
-const COMMANDS: [&str; 7] = [
+const COMMANDS: [&str; 8] = [
     "lock.acquire",
     "lock.release",
     "lock.renew",
@@ -67,6 +69,7 @@ const COMMANDS: [&str; 7] = [
     "lock.wait",
     "lock.info",
     "lock.forcerelease",
+    "lock.guard",
 ];
 
 /// A token distinctive enough that finding it anywhere means it leaked.
