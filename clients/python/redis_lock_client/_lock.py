@@ -281,6 +281,21 @@ class Lock:
         has seen: the check here cannot stop a pause that happens after it."""
         return work(self.check())
 
+    def guarded(self, *command: Any) -> Any:
+        """Run one Redis command only while this grant's fence is current, checked and run in
+        one step on the server (``LOCK.GUARD key fence command ...``). Returns the command's
+        reply; raises ``LockLost`` when the fence is no longer current (the command did not
+        run). Not retried: the command may not be idempotent. In a cluster its keys must share
+        the lock's slot (hash tags)."""
+        fence = self.check()
+        try:
+            return self._client.execute_command("LOCK.GUARD", self.key, fence, *command)
+        except rx.ResponseError as error:
+            if not str(error).startswith("FENCED"):
+                raise
+            reason = self._mark_lost("LOCK.GUARD says the fence is no longer current")
+            raise LockLost(self.key, f"lost: {reason}") from error
+
     def transaction(self, queue: Callable[[Any], None], *keys: Any, attempts: int = 32) -> list:
         """Write other Redis keys only while this grant is current, atomically: WATCH the lock
         key (and ``keys``), check the fence with LOCK.FENCE, then MULTI, ``queue(pipe)`` adds the

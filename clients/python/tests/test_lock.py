@@ -331,6 +331,24 @@ class Guard(unittest.TestCase):
         self.assertFalse(lock.release())
         other.release()
 
+    def test_guarded_runs_one_command_only_under_the_current_fence(self) -> None:
+        key, data = fresh_key(), fresh_key()
+        lock = Lock(self.r, key, 10000)
+        lock.acquire()
+        self.assertEqual(lock.guarded("HSET", data, "status", "shipped"), 1)
+        self.assertEqual(lock.guarded("HGET", data, "status"), b"shipped")
+        with self.assertRaises(rx.ResponseError):  # the command's own error comes through
+            lock.guarded("LPUSH", data, "x")
+        self.assertTrue(lock.held)
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        other = Lock(self.r, key, 10000)
+        other.acquire()
+        with self.assertRaises(LockLost):
+            lock.guarded("HSET", data, "status", "stale")
+        self.assertTrue(lock.lost)
+        self.assertEqual(self.r.hget(data, "status"), b"shipped")
+        other.release()
+
     def test_bad_arguments_are_refused_before_any_command(self) -> None:
         for kwargs in ({"ttl_ms": 0}, {"ttl_ms": -1}, {"ttl_ms": 1.5},
                        {"ttl_ms": 100, "wait_ms": -1}, {"ttl_ms": 2, "watchdog": True}):
@@ -429,6 +447,16 @@ class InCluster(unittest.TestCase):
         self.assertEqual(new_owner.admin.execute_command("LOCK.FENCE", key, fence), 1)
         self.assertTrue(lock.release())
         self.assertEqual(new_owner.state(key), "free")
+
+    def test_guarded_writes_route_to_the_locks_slot(self) -> None:
+        key, data = "{order:3}:lock", "{order:3}:data"
+        with Lock(self.rc, key, 10000) as lock:
+            self.assertEqual(lock.guarded("SET", data, "v"), b"OK")
+            # Refused before anything runs (by redis-py from COMMAND GETKEYS, or the server).
+            with self.assertRaises(Exception) as crossslot:
+                lock.guarded("SET", "{order:4}:data", "v")
+            self.assertIn("slot", str(crossslot.exception).lower())
+        self.assertEqual(self.rc.get(data), b"v")
 
     def test_a_waiter_whose_key_moves_is_retried_and_served(self) -> None:
         key = "{order:2}:lock"

@@ -610,6 +610,47 @@ impl LockGuard {
         }
     }
 
+    /// Runs one command only while this grant's fence is current: `LOCK.GUARD key fence
+    /// command ...` checks the fence and runs the command in one step on the server, which
+    /// replicates the command as itself. Returns the command's reply; [`Error::Lost`] when the
+    /// fence is no longer current (the command did not run); the command's own errors come
+    /// back as [`Error::Redis`]. Not retried, since the command may not be idempotent. In a
+    /// cluster its keys must share the lock's slot (hash tags).
+    ///
+    /// ```no_run
+    /// # fn demo(guard: &redis_lock_client::LockGuard) -> Result<(), redis_lock_client::Error> {
+    /// let added: i64 = guard.guarded(redis::cmd("HSET").arg("{order:42}:data").arg("status").arg("shipped"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn guarded<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, Error> {
+        self.check()?;
+        let mut guard_cmd = redis::cmd("LOCK.GUARD");
+        guard_cmd.arg(&self.shared.key).arg(self.shared.fence);
+        for arg in command.args_iter() {
+            if let redis::Arg::Simple(bytes) = arg {
+                guard_cmd.arg(bytes);
+            }
+        }
+        let shared = &self.shared;
+        let mut slot = lock_ignoring_poison(&self.conn);
+        let outcome = with_conn(
+            &mut slot,
+            &*shared.connector,
+            shared.io_timeout,
+            shared.io_timeout,
+            |c| guard_cmd.query::<T>(c),
+        );
+        drop(slot);
+        match outcome {
+            Ok(value) => Ok(value),
+            Err(e) if e.code() == Some("FENCED") => {
+                self.shared.lose(LostReason::NotHeld);
+                Err(Error::Lost)
+            }
+            Err(e) => Err(Error::Redis(e)),
+        }
+    }
+
     /// Writes to other keys only while this grant is current, atomically: `WATCH` the lock's
     /// key (and `data_keys`), `LOCK.FENCE key fence`, then `MULTI`, the commands `build` adds to
     /// the pipeline, `EXEC`. An aborted `EXEC` (the lock or a watched key changed) starts over,
@@ -622,8 +663,8 @@ impl LockGuard {
     /// tags) and the cluster client must support transactions. Errors are not retried: an
     /// `EXEC` whose reply was lost may have run.
     ///
-    /// When the module gains `LOCK.GUARD` (a fence check inside `MULTI`), this method will use
-    /// it instead of `WATCH`, which also removes aborts caused by renewals.
+    /// For a single command, [`guarded`](LockGuard::guarded) does the same in one round trip,
+    /// without aborts caused by renewals.
     pub fn transaction<T: FromRedisValue>(
         &self,
         data_keys: &[&str],

@@ -285,3 +285,45 @@ fn fenced_transaction_writes_only_while_the_grant_is_current() {
     assert_eq!(state_of(&mut conn, "{o:1}:lock"), "held");
     assert!(lock_info(&mut conn, "{o:1}:lock").is_some());
 }
+
+// LOCK.GUARD through the guard: the command runs while the fence is current, its own errors come
+// back as they are, and after a takeover it is refused (Lost) without running.
+#[test]
+fn guarded_runs_one_command_only_under_the_current_fence() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let lock = Lock::new(client(&server), "{o:2}:lock", Duration::from_secs(30));
+    let guard = lock.acquire().expect("acquire");
+    let added: i64 = guard
+        .guarded(
+            redis::cmd("HSET")
+                .arg("{o:2}:data")
+                .arg("status")
+                .arg("shipped"),
+        )
+        .expect("guarded HSET");
+    assert_eq!(added, 1);
+    let wrong = guard.guarded::<i64>(redis::cmd("LPUSH").arg("{o:2}:data").arg("x"));
+    assert!(
+        matches!(&wrong, Err(Error::Redis(e)) if e.code() == Some("WRONGTYPE")),
+        "{wrong:?}"
+    );
+    assert!(!guard.is_lost());
+    assert_eq!(
+        conn.call(&["LOCK.FORCERELEASE", "{o:2}:lock"]),
+        Reply::Int(1)
+    );
+    common::acquire(&mut conn, "{o:2}:lock", "other-token", 30_000);
+    let stale = guard.guarded::<i64>(
+        redis::cmd("HSET")
+            .arg("{o:2}:data")
+            .arg("status")
+            .arg("stale"),
+    );
+    assert!(matches!(stale, Err(Error::Lost)), "{stale:?}");
+    assert!(guard.is_lost());
+    assert_eq!(
+        conn.call(&["HGET", "{o:2}:data", "status"]),
+        Reply::bulk("shipped")
+    );
+}
