@@ -141,7 +141,15 @@ impl ClusterLink {
                 // sent again; the next command starts from another node.
                 Err(e) => {
                     self.conns.remove(&port);
-                    self.last = Some(self.seeds[attempt % self.seeds.len()]);
+                    let next = self
+                        .seeds
+                        .iter()
+                        .position(|p| *p == port)
+                        .map_or(attempt, |i| i + 1);
+                    self.last = Some(self.seeds[next % self.seeds.len()]);
+                    if let Some(slot) = slot {
+                        self.routes.remove(&slot);
+                    }
                     return Err(e);
                 }
             };
@@ -305,8 +313,12 @@ fn client_loop(id: usize, sh: &Shared) {
             sleep(Duration::from_millis(ttl + rng.range(20, 80)));
             sh.oracle.write(&key, fence);
             if Instant::now() > end + Duration::from_millis(ttl) + SLACK {
-                // The lease is certainly over: its token is stale.
+                // The lease is certainly over: its token is stale, and so is its fence.
                 let mut broken = false;
+                match guarded_write(c, sh, &key, fence) {
+                    Ok(landed) => sh.history.i5(landed),
+                    Err(_) => broken = true,
+                }
                 for probe in [
                     vec!["LOCK.RENEW", &key, &token, &ttl_s],
                     vec!["LOCK.RELEASE", &key, &token],
@@ -325,6 +337,10 @@ fn client_loop(id: usize, sh: &Shared) {
         } else {
             sleep(Duration::from_micros(rng.range(0, 2000)));
             sh.oracle.write(&key, fence);
+            if rng.chance(50) && guarded_write(c, sh, &key, fence).is_err() {
+                conn = None;
+                continue;
+            }
             if rng.chance(20) {
                 let ttl2 = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
                 let sent = Instant::now();
@@ -378,6 +394,86 @@ fn client_loop(id: usize, sh: &Shared) {
             }
         }
     }
+}
+
+/// The Redis list a key's holders append their fences to with LOCK.GUARD (same hash slot).
+fn guarded_log(key: &str) -> String {
+    if key.contains('{') {
+        format!("{key}:guarded")
+    } else {
+        format!("{{{key}}}:guarded")
+    }
+}
+
+/// `LOCK.GUARD key fence RPUSH <log> fence`: true when it ran (the fence was current), false
+/// when it was refused as stale; an error when the connection broke.
+fn guarded_write(c: &mut Link, sh: &Shared, key: &str, fence: u64) -> std::io::Result<bool> {
+    let fence = fence.to_string();
+    let log = guarded_log(key);
+    match call(c, &["LOCK.GUARD", key, &fence, "RPUSH", &log, &fence])? {
+        Reply::Int(_) => {
+            sh.history.guarded_landed.fetch_add(1, Relaxed);
+            Ok(true)
+        }
+        Reply::Error(e) if e.starts_with("FENCED") => {
+            sh.history.guarded_refused.fetch_add(1, Relaxed);
+            Ok(false)
+        }
+        other => {
+            sh.history.error(&format!("LOCK.GUARD: {other:?}"));
+            Ok(false)
+        }
+    }
+}
+
+/// The guarded logs as the server keeps them now: a write under a stale fence that landed
+/// after a newer holder's shows up as a fence lower than the one before it. Returns the
+/// entries read, the decreases found, and notes.
+pub fn check_guarded_logs(sh: &Shared) -> (u64, u64, Vec<String>) {
+    let mut notes = Vec::new();
+    let Some(mut link) = Link::open(sh) else {
+        notes.push("guarded logs: no server to read them from".to_string());
+        return (0, 0, notes);
+    };
+    let (mut entries, mut decreases) = (0, 0);
+    for key in &sh.load.keys {
+        let log = guarded_log(key);
+        // A cluster link moves on to another node after a dead one: a few tries.
+        let mut read = call(&mut link, &["LRANGE", &log, "0", "-1"]);
+        for _ in 0..sh.cluster.len() {
+            if read.is_ok() {
+                break;
+            }
+            read = call(&mut link, &["LRANGE", &log, "0", "-1"]);
+        }
+        let fences: Vec<u64> = match read {
+            Ok(reply @ Reply::Array(_)) => reply
+                .items()
+                .iter()
+                .filter_map(|f| f.text().parse().ok())
+                .collect(),
+            other => {
+                notes.push(format!("guarded log of {key} unreadable: {other:?}"));
+                continue;
+            }
+        };
+        entries += fences.len() as u64;
+        for pair in fences.windows(2) {
+            if pair[1] < pair[0] {
+                decreases += 1;
+                notes.push(format!(
+                    "I1 guarded log of {key}: fence {} written after {}",
+                    pair[1], pair[0]
+                ));
+            }
+        }
+    }
+    notes.push(format!(
+        "guarded writes: {} ran, {} refused as stale, {entries} in the logs",
+        sh.history.guarded_landed.load(Relaxed),
+        sh.history.guarded_refused.load(Relaxed)
+    ));
+    (entries, decreases, notes)
 }
 
 // ---------------------------------------------------------------------------------------------

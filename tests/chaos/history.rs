@@ -32,6 +32,9 @@ pub struct History {
     pub i4_checks: AtomicU64,
     pub i4_violations: AtomicU64,
     pub faults: AtomicU64,
+    /// LOCK.GUARD writes to the key's guarded log: run (the fence was current), and refused.
+    pub guarded_landed: AtomicU64,
+    pub guarded_refused: AtomicU64,
     pub errors: Mutex<BTreeMap<String, u64>>,
     pub notes: Mutex<Vec<String>>,
 }

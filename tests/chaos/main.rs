@@ -7,6 +7,9 @@
 //! scenario stops with SIGSTOP. After each scenario these invariants are checked:
 //!
 //! - I1: no accepted write has a fence lower than an earlier accepted write (the store's log);
+//!   the same for the Redis lists holders append their fences to through LOCK.GUARD, as the
+//!   server keeps them at the end (a stale holder's guarded write never lands after a newer
+//!   holder's), and a guarded write by a holder whose lease is certainly over counts for I5;
 //! - I2: every grant of a key has its own fence, and a grant that ended before another started
 //!   has the smaller fence (client-side timestamps of request and reply);
 //! - I3: the server never has two live holders of one key: no grant was made while another

@@ -1,6 +1,6 @@
 //! Reports: one line per scenario with its counts and invariant violations.
 
-use crate::clients::Shared;
+use crate::clients::{check_guarded_logs, Shared};
 use crate::history::{check_i1, check_i2, check_i3};
 
 use std::io::Write;
@@ -103,6 +103,8 @@ pub fn report(name: &str, sh: &Shared, started: Instant, logs: &[String]) -> Rep
         .clone();
     notes.extend(ex2);
     notes.extend(ex3);
+    let (guarded_entries, guarded_decreases, guarded_notes) = check_guarded_logs(sh);
+    notes.extend(guarded_notes);
     let errors = sh.history.errors.lock().unwrap_or_else(|e| e.into_inner());
     if !errors.is_empty() {
         notes.push(format!("error replies seen by clients: {errors:?}"));
@@ -118,14 +120,14 @@ pub fn report(name: &str, sh: &Shared, started: Instant, logs: &[String]) -> Rep
         accepted: log.iter().filter(|w| w.accepted).count(),
         rejected: log.iter().filter(|w| !w.accepted).count(),
         i: [
-            check_i1(&log),
+            check_i1(&log) + guarded_decreases,
             i2,
             i3,
             sh.history.i4_violations.load(Relaxed),
             sh.history.i5_violations.load(Relaxed),
         ],
         checks: [
-            log.len() as u64,
+            log.len() as u64 + guarded_entries,
             grants.len() as u64,
             grants.len() as u64,
             sh.history.i4_checks.load(Relaxed),
