@@ -12,6 +12,7 @@ const NAMES: &[&str] = &[
     "LOCK.WAIT",
     "LOCK.INFO",
     "LOCK.FORCERELEASE",
+    "LOCK.GUARD",
     "LOCK.APPLY",
     "LOCK.FLOOR",
     "lock.acquire",
@@ -140,7 +141,7 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
     };
     let token = rng.pick(TOKENS).to_string();
     let ms = |rng: &mut Rng| rng.range(1, 60).to_string();
-    let words: Vec<String> = match rng.below(8) {
+    let words: Vec<String> = match rng.below(9) {
         0 | 1 => {
             let mut w = vec!["LOCK.ACQUIRE".into(), key, token, ms(rng)];
             if rng.chance(40) {
@@ -162,6 +163,26 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
         }
         5 => vec!["LOCK.WAIT".into(), key, rng.range(1, 5).to_string()],
         6 => vec!["LOCK.INFO".into(), key],
+        7 => {
+            // Writes only to fz:g* keys (the fuzzer checks the others stay as they were); the
+            // rest are reads and commands LOCK.GUARD refuses.
+            let fence = fences.last().copied().unwrap_or(1).to_string();
+            let inner: &[&str] = match rng.below(10) {
+                0 => &["SET", "fz:g", "v"],
+                1 => &["INCR", "fz:gn"],
+                2 => &["GET", "keep:1"],
+                3 => &["HGETALL", "keep:2"],
+                4 => &["BLPOP", "fz:list", "0"],
+                5 => &["MULTI"],
+                6 => &["EVAL", "return redis.call('del', KEYS[1])", "1", "keep:1"],
+                7 => &["LOCK.RELEASE", "fz:0", "t1"],
+                8 => &["PING"],
+                _ => &["NOSUCHCOMMAND", "fz:g"],
+            };
+            let mut w = vec!["LOCK.GUARD".into(), key, fence];
+            w.extend(inner.iter().map(|a| a.to_string()));
+            w
+        }
         _ => vec!["LOCK.FORCERELEASE".into(), key],
     };
     words.into_iter().map(String::into_bytes).collect()
