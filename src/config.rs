@@ -45,7 +45,18 @@ pub static MAX_WAITERS: NumericConfig = NumericConfig::new("max-waiters", 1_000,
 pub static TOMBSTONE_TTL: NumericConfig =
     NumericConfig::new("tombstone-ttl", 10_000, 0, 31_536_000_000);
 
-pub static ALL: [&NumericConfig; 4] = [&MAX_TTL, &MAX_TOKEN_LEN, &MAX_WAITERS, &TOMBSTONE_TTL];
+/// The lock-delay of a grant that does not name one (`LOCKDELAY ms`), in ms; 0: none. When a
+/// holder's lease runs out or its session's connection closes, the lock stays unavailable this
+/// long (Consul's rule), so a paused holder has time to notice before anyone else starts.
+pub static LOCK_DELAY: NumericConfig = NumericConfig::new("lock-delay", 0, 0, 86_400_000);
+
+pub static ALL: [&NumericConfig; 5] = [
+    &MAX_TTL,
+    &MAX_TOKEN_LEN,
+    &MAX_WAITERS,
+    &TOMBSTONE_TTL,
+    &LOCK_DELAY,
+];
 
 /// Finds the load-time value of `config` among the module arguments (`name value` pairs,
 /// with or without the `lock.` prefix). Returns the default when absent.

@@ -73,6 +73,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"reentrant", ArgKind::PureToken).token(c"REENTRANT").optional(),
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
             SYNC,
+            ArgDef::new(c"lock-delay", ArgKind::Integer).token(c"LOCKDELAY").optional(),
         ],
         acl: c"",
     },

@@ -152,6 +152,8 @@ pub static SYNC_FAILED: Counter = Counter::new();
 pub static RECLAIMED: Counter = Counter::new();
 pub static FENCE_CHECKS: Counter = Counter::new();
 pub static FENCE_REJECTS: Counter = Counter::new();
+/// Lock-delays begun: a lease with one ran out, or its session's connection closed.
+pub static DELAYED: Counter = Counter::new();
 /// LOCK.GUARD: commands run under a current fence, and calls refused for a stale one.
 pub static GUARDED: Counter = Counter::new();
 pub static GUARD_REJECTS: Counter = Counter::new();
@@ -179,6 +181,7 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("sync_failed", c(&SYNC_FAILED)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
+        ("delayed", c(&DELAYED)),
         ("guarded", c(&GUARDED)),
         ("guard_rejects", c(&GUARD_REJECTS)),
         ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),

@@ -717,7 +717,10 @@ fn restore_of_corrupted_or_truncated_lock_payloads_is_an_error() {
     ));
     cases.push((
         "newer encoding version".into(),
-        format.payload_with_id((format.module_id & !1023) | 2, &tombstone_fields(fence)),
+        format.payload_with_id(
+            (format.module_id & !1023) | (LOCK_ENCODING_VERSION + 1),
+            &tombstone_fields(fence),
+        ),
         bad_format.clone(),
     ));
     cases.push((

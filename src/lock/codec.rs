@@ -1,10 +1,12 @@
 //! The one encoding of a lock, in its three forms:
 //!
 //! - **RDB** (also DUMP/RESTORE/MIGRATE): fence, holder flag, then (when held) token, deadline,
-//!   holds and a flags word. Versioned: a newer version is refused.
+//!   holds, a flags word and (flag bit 1) the grant's lock-delay; (holder flag 2) a free lock's
+//!   lock-delay end. Versioned: a newer version is refused.
 //! - **Digest** (`DEBUG DIGEST`): the same fields in the same order.
 //! - **Effect** (`LOCK.APPLY key state [token]`, to replicas and the AOF): the state
-//!   `event:fence:floor[:deadline:holds:flags]` as one argument, the binary-safe token as the next.
+//!   `event:fence:floor[:deadline:holds:flags[:delay]]` as one argument (a free lock in a
+//!   lock-delay: `event:fence:floor:until`), the binary-safe token as the next.
 //!
 //! Every form writes the holder's fields through [`holder_fields`] and reads them back through
 //! [`holder_from`], so they cannot disagree on what a valid holder is.
@@ -15,17 +17,33 @@ use crate::lock::event::Event;
 use crate::lock::floor;
 
 /// RDB encoding version of a lock value. Version 1: fence, holder flag, then (when held) token,
-/// deadline, holds and a flags word (bit 0: session). Part of every RDB file that holds a lock.
-pub const ENCODING_VERSION: i32 = 1;
-/// Encoding version of the RDB aux field (the fence floor).
-pub const AUX_VERSION: i32 = 1;
+/// deadline, holds and a flags word (bit 0: session). Version 2 adds the lock-delay: flags bit 1
+/// (a delay field follows the flags), and holder flag 2 (free, with the end of a running
+/// lock-delay following). A lock without lock-delay is written exactly as in version 1, and
+/// version 1 values still load. Part of every RDB file that holds a lock.
+pub const ENCODING_VERSION: i32 = 2;
+/// The newest encoding version of the RDB aux field (the fence floor). Redis hands the aux field
+/// the type's encoding version: the floor is written the same way in versions 1 and 2.
+pub const AUX_VERSION: i32 = ENCODING_VERSION;
 
 const FLAG_SESSION: u64 = 1;
+/// The grant has a lock-delay: its field follows the flags.
+const FLAG_DELAY: u64 = 2;
+const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY;
 
-/// A holder's numeric fields, in every form's order: deadline, holds, flags.
-fn holder_fields(holder: &Holder) -> [u64; 3] {
-    let flags = if holder.session { FLAG_SESSION } else { 0 };
+/// The holder flag of a free lock in a lock-delay (its end follows).
+const FREE_DELAYED: u64 = 2;
+
+/// A holder's numeric fields, in every form's order: deadline, holds, flags, and the delay when
+/// flags say so.
+fn holder_fields(holder: &Holder) -> impl Iterator<Item = u64> {
+    let mut flags = if holder.session { FLAG_SESSION } else { 0 };
+    if holder.delay > 0 {
+        flags |= FLAG_DELAY;
+    }
     [holder.deadline, u64::from(holder.holds), flags]
+        .into_iter()
+        .chain((holder.delay > 0).then_some(holder.delay))
 }
 
 /// A holder from its fields, or what is wrong with them.
@@ -34,9 +52,13 @@ fn holder_from(
     deadline: u64,
     holds: u64,
     flags: u64,
+    delay: u64,
 ) -> Result<Holder, &'static str> {
     if token.is_empty() {
         return Err("empty token");
+    }
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err("unknown holder flags");
     }
     let holds = u32::try_from(holds)
         .ok()
@@ -47,6 +69,7 @@ fn holder_from(
         deadline,
         holds,
         session: flags & FLAG_SESSION != 0,
+        delay,
     })
 }
 
@@ -90,6 +113,10 @@ impl DecodeError {
 pub fn save(lock: &Lock, out: &mut impl Sink) {
     out.unsigned(lock.fence);
     match &lock.holder {
+        None if lock.delayed_until > 0 => {
+            out.unsigned(FREE_DELAYED);
+            out.unsigned(lock.delayed_until);
+        }
         None => out.unsigned(0),
         Some(holder) => {
             out.unsigned(1);
@@ -103,7 +130,7 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
 
 /// Reads a lock written by [`save`] with encoding `version`.
 pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> {
-    if version > ENCODING_VERSION || version < 1 {
+    if !(1..=ENCODING_VERSION).contains(&version) {
         return Err(DecodeError::NewerVersion(version));
     }
     let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
@@ -111,14 +138,23 @@ pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> 
     if fence > MAX_FENCE {
         return Err(DecodeError::Invalid("fence out of range"));
     }
+    let mut delayed_until = 0;
     let holder = match next()? {
         0 => None,
+        FREE_DELAYED if version >= 2 => {
+            delayed_until = next()?;
+            None
+        }
         1 => {
             let token = input.bytes().ok_or(DecodeError::ShortRead)?;
             let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
             let (deadline, holds, flags) = (next()?, next()?, next()?);
+            if version < 2 && flags & FLAG_DELAY != 0 {
+                return Err(DecodeError::Invalid("unknown holder flags"));
+            }
+            let delay = if flags & FLAG_DELAY != 0 { next()? } else { 0 };
             let holder =
-                holder_from(&token, deadline, holds, flags).map_err(DecodeError::Invalid)?;
+                holder_from(&token, deadline, holds, flags, delay).map_err(DecodeError::Invalid)?;
             if fence == 0 {
                 return Err(DecodeError::Invalid("held lock without a fence"));
             }
@@ -126,7 +162,11 @@ pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> 
         }
         _ => return Err(DecodeError::Invalid("bad holder flag")),
     };
-    Ok(Lock { fence, holder })
+    Ok(Lock {
+        fence,
+        holder,
+        delayed_until,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -145,14 +185,18 @@ impl State {
             buf: [0; 128],
             len: 0,
         };
-        // At most 12 + 5 * 21 bytes: always fits.
+        // At most 12 + 6 * 21 bytes: always fits.
         state.push(event.word().to_bytes());
         state.number(lock.fence);
         state.number(floor::get().max(lock.fence));
-        if let Some(holder) = &lock.holder {
-            for field in holder_fields(holder) {
-                state.number(field);
+        match &lock.holder {
+            Some(holder) => {
+                for field in holder_fields(holder) {
+                    state.number(field);
+                }
             }
+            None if lock.delayed_until > 0 => state.number(lock.delayed_until),
+            None => {}
         }
         state
     }
@@ -239,13 +283,24 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
     if fence > MAX_FENCE || floor > MAX_FENCE {
         return Err(LockError::BadEffect("fence out of range"));
     }
+    let mut delayed_until = 0;
     let holder = match token {
-        None => None,
+        None => {
+            if let Some(until) = fields.next() {
+                delayed_until = number(Some(until), "lock-delay end")?;
+            }
+            None
+        }
         Some(token) => {
             let deadline = number(fields.next(), "deadline")?;
             let holds = number(fields.next(), "holds")?;
             let flags = number(fields.next(), "flags")?;
-            Some(holder_from(token, deadline, holds, flags).map_err(LockError::BadEffect)?)
+            let delay = if flags & FLAG_DELAY != 0 {
+                number(fields.next(), "lock-delay")?
+            } else {
+                0
+            };
+            Some(holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)?)
         }
     };
     if fields.next().is_some() {
@@ -253,7 +308,11 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
     }
     Ok(Effect {
         event,
-        lock: Lock { fence, holder },
+        lock: Lock {
+            fence,
+            holder,
+            delayed_until,
+        },
         floor,
     })
 }
@@ -295,7 +354,9 @@ mod tests {
                 deadline: 123,
                 holds: 2,
                 session: true,
+                delay: 0,
             }),
+            delayed_until: 0,
         }
     }
 
@@ -306,6 +367,7 @@ mod tests {
             Lock {
                 fence: 5,
                 holder: None,
+                delayed_until: 0,
             },
         ] {
             let mut fields = Fields::default();
@@ -315,11 +377,58 @@ mod tests {
         }
     }
 
+    fn delayed() -> [Lock; 2] {
+        let mut held = held();
+        if let Some(holder) = held.holder.as_mut() {
+            holder.delay = 5_000;
+        }
+        let free = Lock {
+            fence: 78,
+            holder: None,
+            delayed_until: 1_764_000_005_000,
+        };
+        [held, free]
+    }
+
+    #[test]
+    fn lock_delays_round_trip_in_rdb_and_effects() {
+        for lock in delayed() {
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert_eq!(load(ENCODING_VERSION, &mut fields), Ok(lock.clone()));
+            assert!(fields.0.is_empty());
+            // Version 1 had no lock-delay: such fields are not silently dropped.
+            let mut old = Fields::default();
+            save(&lock, &mut old);
+            assert!(load(1, &mut old).is_err());
+            round_trip(Event::Expired, lock);
+        }
+    }
+
+    #[test]
+    fn a_lock_without_lock_delay_is_written_as_version_1_wrote_it() {
+        for lock in [
+            held(),
+            Lock {
+                fence: 5,
+                holder: None,
+                delayed_until: 0,
+            },
+        ] {
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert_eq!(load(1, &mut fields), Ok(lock));
+        }
+    }
+
     #[test]
     fn newer_encoding_is_refused() {
         let mut fields = Fields::default();
         save(&held(), &mut fields);
-        assert_eq!(load(2, &mut fields), Err(DecodeError::NewerVersion(2)));
+        assert_eq!(
+            load(ENCODING_VERSION + 1, &mut fields),
+            Err(DecodeError::NewerVersion(ENCODING_VERSION + 1))
+        );
     }
 
     #[test]
@@ -374,7 +483,9 @@ mod tests {
                 deadline: 18_446_744_073_709_551_615,
                 holds: 3,
                 session: true,
+                delay: 0,
             }),
+            delayed_until: 0,
         };
         let state = State::of(Event::Acquire, &held);
         let text = std::str::from_utf8(state.as_bytes()).unwrap();
@@ -385,6 +496,7 @@ mod tests {
             &Lock {
                 fence: 0,
                 holder: None,
+                delayed_until: 0,
             },
         );
         assert_eq!(
@@ -400,6 +512,7 @@ mod tests {
             Lock {
                 fence: 9,
                 holder: None,
+                delayed_until: 0,
             },
         );
         round_trip(
@@ -411,14 +524,16 @@ mod tests {
                     deadline: 1_764_000_000_000,
                     holds: 3,
                     session: true,
+                    delay: 0,
                 }),
+                delayed_until: 0,
             },
         );
     }
 
     #[test]
     fn malformed_effects_are_refused() {
-        let bad: [&[&[u8]]; 10] = [
+        let bad: [&[&[u8]]; 13] = [
             &[b"acquire:1"],
             &[b"bogus:1:1"],
             &[b"acquire:-1:1"],
@@ -426,7 +541,10 @@ mod tests {
             &[b"acquire:1:1:5:1:0", b""],
             &[b"acquire:1:1:5:0:0", b"tok"],
             &[b"acquire:99999999999999999999:1"],
-            &[b"acquire:1:1:7"],
+            &[b"acquire:1:1:7:8"],
+            &[b"release:1:1:x"],
+            &[b"acquire:1:1:5:1:2", b"tok"],
+            &[b"acquire:1:1:5:1:4:0", b"tok"],
             &[b"acquire:1:1:5:1:0:9", b"tok"],
             &[b"acquire:1:1", b"tok", b"extra"],
         ];

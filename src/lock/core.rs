@@ -21,6 +21,9 @@ pub struct Holder {
     pub holds: u32,
     /// Released when the acquiring connection closes.
     pub session: bool,
+    /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
+    /// its session's connection closed), in ms; 0: none.
+    pub delay: u64,
 }
 
 /// The value stored under a lock key. A released lock keeps its key (a tombstone) so the last
@@ -30,6 +33,20 @@ pub struct Lock {
     /// The fence of the latest grant; 0 only for a value that never had one.
     pub fence: u64,
     pub holder: Option<Holder>,
+    /// A free lock whose last holder ended with a lock-delay: no grant before this time (ms
+    /// since the epoch); 0 when there was none. Only meaningful while free.
+    pub delayed_until: u64,
+}
+
+/// What a grant request asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub token: &'a [u8],
+    pub ttl: u64,
+    pub reentrant: bool,
+    pub session: bool,
+    /// The lock-delay the grant imposes if it ends without a release (ms; 0: none).
+    pub delay: u64,
 }
 
 /// What a grant request turned into.
@@ -93,13 +110,54 @@ impl Lock {
     }
 
     /// Removes a holder whose lease ran out. Returns true when it did: the caller announces
-    /// `lock.expired` and replicates the release.
+    /// `lock.expired` and replicates the release. A grant with a lock-delay leaves the lock
+    /// unavailable until its deadline plus the delay.
     pub fn expire(&mut self, now: u64) -> bool {
         if self.is_overdue(now) {
-            self.holder = None;
+            if let Some(holder) = self.holder.take() {
+                self.start_delay(holder.deadline, holder.delay);
+            }
             return true;
         }
         false
+    }
+
+    fn start_delay(&mut self, from: u64, delay: u64) {
+        self.delayed_until = if delay == 0 {
+            0
+        } else {
+            from.saturating_add(delay)
+        };
+    }
+
+    /// Until when no new grant may be made: the running lock-delay's end, counting the one an
+    /// overdue holder (not yet expired) would start; 0 when none.
+    fn blocked_until(&self, now: u64) -> u64 {
+        match &self.holder {
+            Some(h) if h.deadline <= now && h.delay > 0 => h.deadline.saturating_add(h.delay),
+            Some(_) => 0,
+            None => self.delayed_until,
+        }
+    }
+
+    /// Remaining ms of a running lock-delay, or `None` when there is none at `now`.
+    pub fn delay_ttl(&self, now: u64) -> Option<u64> {
+        let until = self.blocked_until(now);
+        (until > now && !self.is_held(now)).then(|| until - now)
+    }
+
+    /// True when a new grant can be made at `now`: nobody holds it, and no lock-delay runs.
+    pub fn is_available(&self, now: u64) -> bool {
+        !self.is_held(now) && self.delay_ttl(now).is_none()
+    }
+
+    /// Ends a running lock-delay at once (LOCK.FORCERELEASE). True when one was running.
+    pub fn clear_delay(&mut self, now: u64) -> bool {
+        let running = self.holder.is_none() && self.delayed_until > now;
+        if self.holder.is_none() {
+            self.delayed_until = 0;
+        }
+        running
     }
 
     /// Grants the lock to `token` when it is free, or refreshes the lease when `token` already
@@ -114,26 +172,48 @@ impl Lock {
         floor: u64,
         now: u64,
     ) -> Result<Acquire, FenceExhausted> {
-        let deadline = deadline_after(now, ttl);
+        let request = Request {
+            token,
+            ttl,
+            reentrant,
+            session,
+            delay: 0,
+        };
+        self.grant(&request, floor, now)
+    }
+
+    /// [`Lock::acquire`] with every option of the request, the lock-delay included. A running
+    /// lock-delay keeps the lock busy for every token; a refresh by the holder takes the
+    /// request's lock-delay as its own.
+    pub fn grant(
+        &mut self,
+        request: &Request,
+        floor: u64,
+        now: u64,
+    ) -> Result<Acquire, FenceExhausted> {
+        let deadline = deadline_after(now, request.ttl);
         let fence = self.fence;
-        if let Some(holder) = self.live_holder_mut(token, now) {
+        if let Some(holder) = self.live_holder_mut(request.token, now) {
             holder.deadline = deadline;
-            if reentrant {
+            if request.reentrant {
                 holder.holds = holder.holds.saturating_add(1);
             }
-            holder.session |= session;
+            holder.session |= request.session;
+            holder.delay = request.delay;
             return Ok(Acquire::Refreshed { fence });
         }
-        if self.is_held(now) {
+        if !self.is_available(now) {
             return Ok(Acquire::Busy);
         }
         let fence = next_fence(floor, self.fence, now)?;
         self.fence = fence;
+        self.delayed_until = 0;
         self.holder = Some(Holder {
-            token: token.into(),
+            token: request.token.into(),
             deadline,
             holds: 1,
-            session,
+            session: request.session,
+            delay: request.delay,
         });
         Ok(Acquire::Granted { fence })
     }
@@ -161,10 +241,13 @@ impl Lock {
         }
     }
 
-    /// Frees a session lock held by `token` entirely (its connection closed). True when it did.
+    /// Frees a session lock held by `token` entirely (its connection closed), starting its
+    /// lock-delay if it has one. True when it did.
     pub fn end_session(&mut self, token: &[u8], now: u64) -> bool {
         if self.live_holder_mut(token, now).is_some_and(|h| h.session) {
-            self.holder = None;
+            if let Some(holder) = self.holder.take() {
+                self.start_delay(now, holder.delay);
+            }
             return true;
         }
         false
@@ -392,6 +475,79 @@ mod tests {
         let next = granted(lock.acquire(b"c", 1000, false, false, fence, T0));
         assert!(!lock.revoke(b"a", fence, T0));
         assert!(lock.fence_is_current(next, T0));
+    }
+
+    fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'_> {
+        Request {
+            token,
+            ttl,
+            reentrant: false,
+            session,
+            delay,
+        }
+    }
+
+    #[test]
+    fn an_expired_lease_with_a_lock_delay_keeps_the_lock_busy_until_it_ends() {
+        let mut lock = Lock::default();
+        let first = granted(lock.grant(&request(b"a", 1000, false, 300), 0, T0));
+        // Overdue but not yet expired: the delay already counts from the deadline.
+        let end = T0 + 1000;
+        assert_eq!(lock.delay_ttl(end + 10), Some(290));
+        assert!(!lock.is_available(end + 10));
+        assert_eq!(
+            lock.grant(&request(b"b", 1000, false, 0), first, end + 10),
+            Ok(Acquire::Busy)
+        );
+        assert!(lock.expire(end + 50));
+        assert_eq!(lock.delayed_until, end + 300);
+        for token in [&b"a"[..], b"b"] {
+            assert_eq!(
+                lock.grant(&request(token, 1000, false, 0), first, end + 299),
+                Ok(Acquire::Busy)
+            );
+        }
+        assert!(!lock.fence_is_current(first, end + 100));
+        let second = granted(lock.grant(&request(b"b", 1000, false, 0), first, end + 300));
+        assert!(second > first);
+        assert_eq!(lock.delayed_until, 0);
+        assert_eq!(lock.delay_ttl(end + 300), None);
+    }
+
+    #[test]
+    fn a_closed_session_starts_the_delay_and_a_release_does_not() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.grant(&request(b"a", 10_000, true, 500), 0, T0));
+        assert!(lock.end_session(b"a", T0 + 100));
+        assert_eq!(lock.delay_ttl(T0 + 100), Some(500));
+        assert!(!lock.is_available(T0 + 599));
+        assert!(lock.is_available(T0 + 600));
+        let next = granted(lock.grant(&request(b"b", 10_000, false, 500), fence, T0 + 600));
+        assert_eq!(lock.release(b"b", T0 + 700), Some(true));
+        assert_eq!(lock.delay_ttl(T0 + 700), None);
+        assert!(granted(lock.grant(&request(b"c", 10, false, 0), next, T0 + 700)) > next);
+    }
+
+    #[test]
+    fn clearing_the_delay_frees_the_lock_at_once() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.grant(&request(b"a", 10, false, 60_000), 0, T0));
+        assert!(lock.expire(T0 + 10));
+        assert!(lock.clear_delay(T0 + 20));
+        assert!(!lock.clear_delay(T0 + 20));
+        assert!(granted(lock.grant(&request(b"b", 10, false, 0), fence, T0 + 20)) > fence);
+    }
+
+    #[test]
+    fn a_refresh_takes_the_requests_lock_delay() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.grant(&request(b"a", 1000, false, 100), 0, T0));
+        assert_eq!(
+            lock.grant(&request(b"a", 1000, false, 0), fence, T0 + 1),
+            Ok(Acquire::Refreshed { fence })
+        );
+        assert!(lock.expire(T0 + 1001));
+        assert!(lock.is_available(T0 + 1001));
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct Request {
     pub ttl: u64,
     pub reentrant: bool,
     pub session: bool,
+    /// The grant's lock-delay, in ms (0: none).
+    pub delay: u64,
     pub client: u64,
     pub sync: Option<SyncRequest>,
 }
@@ -298,6 +300,7 @@ mod tests {
                 ttl: 1,
                 reentrant: false,
                 session: false,
+                delay: 0,
                 client: 1,
                 sync: None,
             }),

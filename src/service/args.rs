@@ -68,6 +68,26 @@ pub fn token<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockEr
     Ok(token)
 }
 
+/// A lock-delay in ms: 0 (none) or a positive integer within `lock.max-ttl` (a limit for
+/// clients only).
+fn lock_delay(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
+    let bad = |detail| LockError::BadInteger {
+        name: "lock-delay",
+        detail,
+    };
+    let value = parse_integer(arg).ok_or(bad("not an integer"))?;
+    let delay = u64::try_from(value).map_err(|_| bad("must not be negative"))?;
+    let max = config::MAX_TTL.get();
+    if value > max && !is_replayed(ctx) {
+        return Err(LockError::TooLarge {
+            name: "lock-delay",
+            config: "lock.max-ttl",
+            max,
+        });
+    }
+    Ok(delay)
+}
+
 /// A fence: a positive integer.
 pub fn fence(arg: &RedisString) -> Result<u64, LockError> {
     parse_integer(arg)
@@ -135,9 +155,17 @@ pub struct AcquireOptions {
     pub reentrant: bool,
     pub session: bool,
     pub sync: Option<SyncRequest>,
+    /// `LOCKDELAY ms`; `lock.lock-delay` applies when absent (see [`AcquireOptions::delay`]).
+    pub lock_delay: Option<u64>,
 }
 
 impl AcquireOptions {
+    /// The grant's lock-delay: the option, or the configured default.
+    pub fn delay(&self) -> u64 {
+        self.lock_delay
+            .unwrap_or_else(|| u64::try_from(config::LOCK_DELAY.get()).unwrap_or(0))
+    }
+
     /// Parses the options, the first of them at argument `first` (counted after the command
     /// name from 1).
     pub fn parse(
@@ -169,8 +197,19 @@ impl AcquireOptions {
             } else if word.eq_ignore_ascii_case(b"SYNC") {
                 once(&options.sync, "SYNC")?;
                 options.sync = Some(sync_option(&mut rest)?);
+            } else if word.eq_ignore_ascii_case(b"LOCKDELAY") {
+                once(&options.lock_delay, "LOCKDELAY")?;
+                let (_, value) = rest.next().ok_or(LockError::BadInteger {
+                    name: "lock-delay",
+                    detail: "missing after LOCKDELAY",
+                })?;
+                options.lock_delay = Some(lock_delay(ctx, value)?);
             } else {
-                return Err(unknown(ctx, first + at, "WAIT, REENTRANT, SESSION or SYNC"));
+                return Err(unknown(
+                    ctx,
+                    first + at,
+                    "WAIT, REENTRANT, SESSION, SYNC or LOCKDELAY",
+                ));
             }
         }
         Ok(options)

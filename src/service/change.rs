@@ -29,6 +29,10 @@ pub fn change(
 ) -> Option<Event> {
     let before = stored.due();
     let event = stored.update(change)?;
+    if matches!(event, Event::Expired | Event::SessionEnd) && stored.lock().delay_ttl(now).is_some()
+    {
+        metrics::DELAYED.incr();
+    }
     effects::propagate(ctx, key, event, stored, before);
     if event.frees() {
         if sessions::any() {
@@ -43,7 +47,7 @@ pub fn change(
 /// the lock from its reply callback, right after the current command or callback) and wakes
 /// the `LOCK.WAIT` watchers whose wait is over.
 pub fn hand_over(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) {
-    if !stored.lock().is_held(now) && waiters::queued(ctx, key) {
+    if stored.lock().is_available(now) && waiters::queued(ctx, key) {
         waiters::signal_ready(ctx, key);
     }
     waiters::wake_watchers(ctx, key, stored.lock(), now);
@@ -111,6 +115,19 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
     match in_key_mut(&key) {
         Ok(Some(stored)) if short_id(stored.id()) == id => {
             expire_overdue(ctx, key_name, stored, now);
+            let before = stored.due();
+            if stored.take_wake(now) {
+                // A lock-delay ended: the queue is served now.
+                leases::reindex(
+                    ctx,
+                    stored.id(),
+                    selected_db(ctx),
+                    key_name.as_slice(),
+                    before,
+                    stored.due(),
+                );
+                hand_over(ctx, key_name, stored, now);
+            }
         }
         _ => return,
     }

@@ -10,7 +10,7 @@ use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{client_id, is_loading, is_replayed, may_block, now_ms, parse_integer};
 use crate::lock::codec;
-use crate::lock::core::{Acquire, Lock};
+use crate::lock::core::{self, Acquire, Lock};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request};
@@ -70,16 +70,14 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let grant = |lock: &mut Lock| {
-        lock.acquire(
-            token,
-            ttl,
-            options.reentrant,
-            options.session,
-            floor::get(),
-            now,
-        )
+    let request = core::Request {
+        token,
+        ttl,
+        reentrant: options.reentrant,
+        session: options.session,
+        delay: options.delay(),
     };
+    let grant = |lock: &mut Lock| lock.grant(&request, floor::get(), now);
     // The grant's outcome, and the id of the lock value it concerns.
     let (outcome, lock_id) = match in_key_mut(&key)? {
         Some(stored) => {
@@ -162,6 +160,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     ttl,
                     reentrant: options.reentrant,
                     session: options.session,
+                    delay: request.delay,
                     client: client_id(ctx),
                     sync: options.sync,
                 };
@@ -256,17 +255,22 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     };
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let freed = match in_key_mut(&key)? {
+    let (changed, freed) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change(ctx, key_name, stored, now, |lock| {
-                lock.force_release(now).then_some(Event::ForceRelease)
-            })
-            .is_some()
+            let mut held = false;
+            // The operator's escape hatch also ends a running lock-delay.
+            let changed = change(ctx, key_name, stored, now, |lock| {
+                held = lock.force_release(now);
+                let delay_ended = lock.clear_delay(now);
+                (held || delay_ended).then_some(Event::ForceRelease)
+            });
+            (changed.is_some(), held)
         }
-        None => false,
+        None => (false, false),
     };
-    if freed {
+    if changed {
+        // Counted as replicas count the replicated change: a hold freed or a lock-delay ended.
         metrics::FORCED.incr();
         reclaim_if_due(ctx, &key, key_name, now);
     }
@@ -319,6 +323,17 @@ fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
             (
                 "session",
                 RedisValue::Integer(live.map_or(0, |h| i64::from(h.session))),
+            ),
+            (
+                "lock_delay",
+                RedisValue::Integer(live.map_or(0, |h| i64::try_from(h.delay).unwrap_or(i64::MAX))),
+            ),
+            (
+                "delay_ttl",
+                RedisValue::Integer(
+                    lock.delay_ttl(now)
+                        .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX)),
+                ),
             ),
         ],
     )
@@ -375,6 +390,11 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         in_key_mut(&key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
     if !is_loading(ctx) {
         count_applied(effect.event);
+        if matches!(effect.event, Event::Expired | Event::SessionEnd)
+            && stored.lock().delay_ttl(now_ms()).is_some()
+        {
+            metrics::DELAYED.incr();
+        }
     }
     effects::announce(ctx, key_name, effect.event, stored, before);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());

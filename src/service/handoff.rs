@@ -12,7 +12,7 @@ use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
-use crate::lock::core::Acquire;
+use crate::lock::core::{Acquire, Request};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::locked;
@@ -149,7 +149,8 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         return (over && waiters::remove(tag).is_some()).then_some(Ok(RedisValue::Integer(1)));
     }
     expire_overdue(ctx, &key_name, stored, now);
-    if stored.lock().is_held(now) {
+    // Held, or in a lock-delay (the lease timer hands it over when that ends).
+    if !stored.lock().is_available(now) {
         return None;
     }
     if waiters::queues().head_syncs(*db, name) {
@@ -191,15 +192,15 @@ fn grant_head(
     };
     let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
+    let grant = Request {
+        token: &request.token,
+        ttl: request.ttl,
+        reentrant: request.reentrant,
+        session: request.session,
+        delay: request.delay,
+    };
     change(ctx, key_name, stored, now, |lock| {
-        outcome = lock.acquire(
-            &request.token,
-            request.ttl,
-            request.reentrant,
-            request.session,
-            floor::get(),
-            now,
-        );
+        outcome = lock.grant(&grant, floor::get(), now);
         matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
     });
     let (outcome, new) = match outcome {
@@ -261,7 +262,7 @@ fn grant_deferred(ctx: &Context) {
             continue;
         };
         expire_overdue(ctx, &key_name, stored, now);
-        if stored.lock().is_held(now) || !waiters::queues().is_head(*db, name, tag.id) {
+        if !stored.lock().is_available(now) || !waiters::queues().is_head(*db, name, tag.id) {
             continue;
         }
         let Some(granted) = grant_head(ctx, &key_name, stored, &tag, now) else {

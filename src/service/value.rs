@@ -39,6 +39,9 @@ pub struct Stored {
     /// For a free lock: when it may be reclaimed (deleted), `lock.tombstone-ttl` after it became
     /// free or arrived free (ms since the epoch; in memory only).
     reclaim_at: Option<u64>,
+    /// For a free lock in a lock-delay: when the delay ends and its waiters are to be served
+    /// (ms since the epoch; in memory only, derived from the lock).
+    wake_at: Option<u64>,
 }
 
 /// When a lock that is free from `now` on may be reclaimed.
@@ -56,12 +59,37 @@ impl Stored {
             metrics::HELD.add(1);
         }
         let reclaim_at = lock.holder.is_none().then(|| reclaim_time(now));
-        Stored {
+        let mut stored = Stored {
             lock,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             held_since: None,
             reclaim_at,
+            wake_at: None,
+        };
+        stored.follow_delay(now);
+        stored
+    }
+
+    /// Keeps the wake-up and the reclaim time in step with the lock's lock-delay: its waiters
+    /// are looked at when it ends, and the lock (with the delay) is not deleted before.
+    fn follow_delay(&mut self, now: u64) {
+        let until = self.lock.delayed_until;
+        if self.lock.holder.is_none() && until > now {
+            self.wake_at = Some(until);
+            self.reclaim_at = self.reclaim_at.map(|at| at.max(until));
+        } else {
+            self.wake_at = None;
         }
+    }
+
+    /// True (once) when the lock-delay of this free lock has ended by `now`: its waiters may be
+    /// served.
+    pub fn take_wake(&mut self, now: u64) -> bool {
+        if self.wake_at.is_some_and(|at| at <= now) {
+            self.wake_at = None;
+            return true;
+        }
+        false
     }
 
     /// A value created by a grant, whose hold starts now.
@@ -84,15 +112,18 @@ impl Stored {
     /// When the lease index should look at this lock next: the lease deadline when held, the
     /// reclaim time when free.
     pub fn due(&self) -> Option<u64> {
-        match &self.lock.holder {
-            Some(holder) => Some(holder.deadline),
-            None => self.reclaim_at,
+        match (&self.lock.holder, self.wake_at) {
+            (Some(holder), _) => Some(holder.deadline),
+            (None, Some(wake)) => Some(self.reclaim_at.map_or(wake, |at| at.min(wake))),
+            (None, None) => self.reclaim_at,
         }
     }
 
-    /// For a free lock: true when its tombstone time is up at `now`.
+    /// For a free lock: true when its tombstone time is up at `now` (and no lock-delay runs).
     pub fn reclaimable(&self, now: u64) -> bool {
-        self.lock.holder.is_none() && self.reclaim_at.is_some_and(|at| at <= now)
+        self.lock.holder.is_none()
+            && self.reclaim_at.is_some_and(|at| at <= now)
+            && self.lock.delayed_until <= now
     }
 
     /// A free lock that could not be reclaimed yet (clients queue for it): looks again later.
@@ -123,6 +154,7 @@ impl Stored {
         } else if was_held || self.reclaim_at.is_none() {
             self.reclaim_at = Some(reclaim_time(now));
         }
+        self.follow_delay(now);
         floor::raise(self.lock.fence, now);
         result
     }

@@ -528,6 +528,20 @@ pub fn held_fields(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u
     out
 }
 
+/// The module's current RDB encoding version of a lock (src/lock/codec.rs). Version 2 added
+/// the lock-delay; a lock without one is written as version 1 wrote it.
+pub const LOCK_ENCODING_VERSION: u64 = 2;
+
+/// Module fields of a free lock in a lock-delay ending at `until` (version 2), with the EOF
+/// marker.
+pub fn delayed_tombstone_fields(fence: u64, until: u64) -> Vec<u8> {
+    let mut out = rdb_uint(fence);
+    out.extend(rdb_uint(2));
+    out.extend(rdb_uint(until));
+    out.push(0);
+    out
+}
+
 /// How this server frames a lock value in DUMP: the module type id (with the encoding version in
 /// its low 10 bits) and the RDB version of the footer. Learnt from a real DUMP and checked by
 /// rebuilding that DUMP byte for byte.
@@ -560,7 +574,11 @@ impl LockDumpFormat {
             module_id,
             rdb_version: [dump[n - 10], dump[n - 9]],
         };
-        assert_eq!(module_id & 1023, 1, "encoding version 1");
+        assert_eq!(
+            module_id & 1023,
+            LOCK_ENCODING_VERSION,
+            "encoding version {LOCK_ENCODING_VERSION}"
+        );
         assert_eq!(
             format.payload(&tombstone_fields(fence)),
             dump,
@@ -573,6 +591,11 @@ impl LockDumpFormat {
     /// caller) and a correct checksum.
     pub fn payload(&self, fields: &[u8]) -> Vec<u8> {
         self.payload_with_id(self.module_id, fields)
+    }
+
+    /// The same, framed as encoding version `version` of the lock type.
+    pub fn payload_of_version(&self, version: u64, fields: &[u8]) -> Vec<u8> {
+        self.payload_with_id((self.module_id & !1023) | version, fields)
     }
 
     pub fn payload_with_id(&self, module_id: u64, fields: &[u8]) -> Vec<u8> {

@@ -97,6 +97,10 @@ impl Reply {
         }
     }
 
+    pub fn is_int(&self) -> bool {
+        matches!(self, Reply::Int(_))
+    }
+
     pub fn is_error(&self) -> bool {
         self.error_bytes().is_some()
     }

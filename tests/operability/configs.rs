@@ -19,10 +19,12 @@ fn configs_have_their_documented_defaults() {
     assert_eq!(config_get(&mut c, "lock.max-token-len"), "256");
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "1000");
     assert_eq!(config_get(&mut c, "lock.tombstone-ttl"), "10000");
+    assert_eq!(config_get(&mut c, "lock.lock-delay"), "0");
     let all = fields_of(&c.call(&["CONFIG", "GET", "lock.*"]));
     assert_eq!(
         all.keys().map(String::as_str).collect::<Vec<_>>(),
         [
+            "lock.lock-delay",
             "lock.max-token-len",
             "lock.max-ttl",
             "lock.max-waiters",
@@ -88,6 +90,11 @@ fn config_set_out_of_bounds_is_refused_and_the_value_stays() {
             "lock.tombstone-ttl",
             "-1",
             range("lock.tombstone-ttl", "0 and 31536000000"),
+        ),
+        (
+            "lock.lock-delay",
+            "86400001",
+            range("lock.lock-delay", "0 and 86400000"),
         ),
     ];
     for (name, value, error) in cases {

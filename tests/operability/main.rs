@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 20] = [
+const COUNTS: [&str; 21] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -41,6 +41,7 @@ const COUNTS: [&str; 20] = [
     "lock_sync_failed",
     "lock_fence_checks",
     "lock_fence_rejects",
+    "lock_delayed",
     "lock_guarded",
     "lock_guard_rejects",
 ];
@@ -154,6 +155,7 @@ fn command_table() -> [(
                 "reentrant",
                 "session",
                 "sync",
+                "lock-delay",
             ],
             &["k1", "t", "100", "WAIT", "5", "SESSION"],
         ),
