@@ -53,6 +53,10 @@ pub enum LockError {
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
     BadEffect(&'static str),
+    /// LOCK.MACQUIRE / LOCK.MRELEASE named a key twice.
+    DuplicateKey,
+    /// An option of LOCK.ACQUIRE that LOCK.MACQUIRE does not take.
+    NotForMulti(&'static str),
     /// LOCK.GUARD: the fence is not the lock's current one, so the command did not run.
     StaleFence,
     /// LOCK.GUARD: the calling user may not run the guarded command (or touch its keys).
@@ -113,6 +117,10 @@ impl LockError {
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),
             LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
+            LockError::DuplicateKey => "ERR duplicate key: each key may be named once".into(),
+            LockError::NotForMulti(option) => {
+                format!("ERR option {option} is not supported by LOCK.MACQUIRE")
+            }
             LockError::StaleFence => "FENCED the fence is not the current holder's; the \
                  command did not run"
                 .into(),

@@ -127,7 +127,21 @@ pub fn reply_map(ctx: &Context, fields: Vec<(&'static str, RedisValue)>) -> Comm
     Ok(RedisValue::NoReply)
 }
 
-/// How a command touches its key (always the first argument), for key specs and ACL checks.
+/// Where a command's keys are (key specs, for cluster routing, ACL key patterns and COMMAND
+/// GETKEYS).
+#[derive(Clone, Copy)]
+pub enum Keys {
+    None,
+    /// The first argument.
+    First(KeyAccess),
+    /// The first argument, then keys only the command itself finds (`getkeys-api`): a second
+    /// key spec says so (unknown place, flags vary by call).
+    FirstAndMore(KeyAccess),
+    /// `numkeys key [key ...]` from the first argument on.
+    Counted(KeyAccess),
+}
+
+/// How a command touches its keys, for key specs and ACL checks.
 #[derive(Clone, Copy)]
 pub enum KeyAccess {
     Read,
@@ -265,11 +279,8 @@ pub struct CommandDef {
     pub callback: CommandFn,
     pub flags: &'static CStr,
     pub arity: c_int,
-    /// How the command touches its key (always the first argument), if it has one.
-    pub key: Option<KeyAccess>,
-    /// More keys after the first, which only the command itself can find (`getkeys-api`): a
-    /// second key spec says so (unknown place, flags vary by call).
-    pub more_keys: bool,
+    /// Where the command's keys are, and how it touches them.
+    pub keys: Keys,
     pub summary: &'static CStr,
     pub complexity: &'static CStr,
     pub args: &'static [ArgDef],
@@ -316,6 +327,20 @@ fn first_key_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
     }
 }
 
+/// The key spec of `numkeys key [key ...]` starting at the first argument.
+fn counted_keys_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
+    let mut spec = first_key_spec(access);
+    spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+    spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+        keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {
+            keynumidx: 0,
+            firstkey: 1,
+            keystep: 1,
+        },
+    };
+    spec
+}
+
 /// The key spec of keys only the command's `getkeys-api` finds: somewhere after the first
 /// argument, each accessed as that call says (RW as the widest for tools that read specs only).
 fn unknown_keys_spec() -> raw::RedisModuleCommandKeySpec {
@@ -347,7 +372,8 @@ pub fn create_command(
             raw::RedisModule_SetCommandInfo.ok_or("no SetCommandInfo")?,
         )
     };
-    let first_key = c_int::from(def.key.is_some());
+    // The legacy (first, last, step) triple: only for a single first key; key specs say the rest.
+    let first_key = c_int::from(matches!(def.keys, Keys::First(_) | Keys::FirstAndMore(_)));
     // SAFETY: a valid context, NUL-terminated static strings and a callback that stays loaded
     // as long as the module.
     let created = unsafe {
@@ -370,8 +396,12 @@ pub fn create_command(
         return Err(format!("cannot find command {name}"));
     }
     let mut key_specs = [
-        def.key.map_or_else(zeroed_key_spec, first_key_spec),
-        if def.more_keys {
+        match def.keys {
+            Keys::None => zeroed_key_spec(),
+            Keys::First(access) | Keys::FirstAndMore(access) => first_key_spec(access),
+            Keys::Counted(access) => counted_keys_spec(access),
+        },
+        if matches!(def.keys, Keys::FirstAndMore(_)) {
             unknown_keys_spec()
         } else {
             zeroed_key_spec()

@@ -22,6 +22,7 @@ use crate::service::change::{change, create_for_waiters, expire_overdue, reclaim
 use crate::service::effects;
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
+use crate::service::multi::{macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 
@@ -48,6 +49,22 @@ commands! {
     LockApply => apply,
     LockFloor => floor_cmd,
     LockGuard => guard,
+    LockMacquire => macquire,
+    LockMrelease => mrelease,
+}
+
+// Redis 7.0 routes a module command in a cluster by its legacy key range or its getkeys-api,
+// not by key specs: the counted keys are declared here too.
+impl crate::host::command::DeclaresKeys for LockMacquire {
+    fn keys(_ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {
+        crate::service::multi::key_positions(args)
+    }
+}
+
+impl crate::host::command::DeclaresKeys for LockMrelease {
+    fn keys(_ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {
+        crate::service::multi::key_positions(args)
+    }
 }
 
 impl crate::host::command::DeclaresKeys for LockGuard {

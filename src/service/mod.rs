@@ -6,7 +6,8 @@
 //! - `events`: what server events and keyspace notifications mean; defers work to
 //! - `deferred`: jobs run from a timer (settle waiters, end sessions, check the config);
 //! - `expiry`: the lease timer's handler, the index rebuild and the slots being imported;
-//! - `commands` (with `args`): the LOCK.* commands; `guard`: LOCK.GUARD, a command run under a fence;
+//! - `commands` (with `args`): the LOCK.* commands; `guard`: LOCK.GUARD, a command run under a
+//!   fence; `multi`: LOCK.MACQUIRE and LOCK.MRELEASE, several keys at once;
 //! - `handoff`: blocking and serving waiters;
 //! - `acks`: replies that wait for replicas (SYNC);
 //! - `change`: a change of a stored lock and what follows it;
@@ -27,6 +28,7 @@ pub mod expiry;
 pub mod guard;
 pub mod handoff;
 pub mod leases;
+pub mod multi;
 pub mod safety;
 pub mod value;
 pub mod waiters;

@@ -215,6 +215,12 @@ fn client_loop(id: usize, sh: &Shared) {
         n += 1;
         let key = rng.pick(&sh.load.keys).clone();
         let token = format!("c{id}-{n}");
+        if rng.chance(10) {
+            if multi_lock_round(c, sh, &mut rng, &key, &token).is_err() {
+                conn = None;
+            }
+            continue;
+        }
         let ttl = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
         let ttl_s = ttl.to_string();
         let wait_s = rng.range(20, 400).to_string();
@@ -394,6 +400,85 @@ fn client_loop(id: usize, sh: &Shared) {
             }
         }
     }
+}
+
+/// Another key of the load in `key`'s hash slot (a cluster's keys share a tag per slot), if any.
+fn partner_of<'a>(sh: &'a Shared, rng: &mut Rng, key: &str) -> Option<&'a String> {
+    let slot = key_slot(key);
+    let others: Vec<&String> = sh
+        .load
+        .keys
+        .iter()
+        .filter(|k| k.as_str() != key && (sh.cluster.is_empty() || key_slot(k) == slot))
+        .collect();
+    (!others.is_empty()).then(|| others[rng.below(others.len() as u64) as usize])
+}
+
+/// Two keys at once with LOCK.MACQUIRE: a grant of each key for I2 and I3 (one holder per key
+/// at a time, multi-locks included), fenced writes for each, then LOCK.MRELEASE.
+fn multi_lock_round(
+    c: &mut Link,
+    sh: &Shared,
+    rng: &mut Rng,
+    key: &str,
+    token: &str,
+) -> std::io::Result<()> {
+    let Some(other) = partner_of(sh, rng, key) else {
+        return Ok(());
+    };
+    let ttl = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
+    let start = Instant::now();
+    let reply = call(
+        c,
+        &["LOCK.MACQUIRE", "2", key, other, token, &ttl.to_string()],
+    )?;
+    let end = Instant::now();
+    let fences: Vec<u64> = match &reply {
+        Reply::Array(items) => items.iter().map(|f| f.int() as u64).collect(),
+        Reply::Nil => {
+            sh.history.contended.fetch_add(1, Relaxed);
+            sleep(Duration::from_micros(rng.range(100, 3000)));
+            return Ok(());
+        }
+        other => {
+            sh.history.error(&format!("LOCK.MACQUIRE: {other:?}"));
+            return Ok(());
+        }
+    };
+    // Act only on grants a replica confirmed, as single grants do (LOCK.MACQUIRE has no SYNC:
+    // WAIT confirms it in the SYNC scenarios too).
+    if let Some(ms) = sh.load.replica_ack.or(sh.load.sync_ack) {
+        if !matches!(call(c, &["WAIT", "1", &ms.to_string()])?, Reply::Int(a) if a >= 1) {
+            sh.history.unconfirmed.fetch_add(1, Relaxed);
+            call(c, &["LOCK.MRELEASE", "2", key, other, token])?;
+            return Ok(());
+        }
+    }
+    let live_until = start + Duration::from_millis(ttl);
+    let grants: Vec<usize> = [key, other.as_str()]
+        .iter()
+        .zip(&fences)
+        .map(|(k, fence)| {
+            sh.history.add_grant(Grant {
+                key: k.to_string(),
+                fence: *fence,
+                start,
+                end,
+                live_until,
+            })
+        })
+        .collect();
+    sleep(Duration::from_micros(rng.range(0, 2000)));
+    for (k, fence) in [key, other.as_str()].iter().zip(&fences) {
+        sh.oracle.write(k, *fence);
+    }
+    let sent = Instant::now();
+    for idx in grants {
+        sh.history
+            .update(idx, |g| g.live_until = g.live_until.min(sent));
+    }
+    call(c, &["LOCK.MRELEASE", "2", key, other, token])?;
+    Ok(())
 }
 
 /// The Redis list a key's holders append their fences to with LOCK.GUARD (same hash slot).

@@ -13,6 +13,8 @@ const NAMES: &[&str] = &[
     "LOCK.INFO",
     "LOCK.FORCERELEASE",
     "LOCK.GUARD",
+    "LOCK.MACQUIRE",
+    "LOCK.MRELEASE",
     "LOCK.APPLY",
     "LOCK.FLOOR",
     "lock.acquire",
@@ -141,7 +143,7 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
     };
     let token = rng.pick(TOKENS).to_string();
     let ms = |rng: &mut Rng| rng.range(1, 60).to_string();
-    let words: Vec<String> = match rng.below(9) {
+    let words: Vec<String> = match rng.below(10) {
         0 | 1 => {
             let mut w = vec!["LOCK.ACQUIRE".into(), key, token, ms(rng)];
             if rng.chance(40) {
@@ -181,6 +183,22 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
             };
             let mut w = vec!["LOCK.GUARD".into(), key, fence];
             w.extend(inner.iter().map(|a| a.to_string()));
+            w
+        }
+        8 => {
+            let other = rng.pick(LOCK_KEYS).to_string();
+            let command = if rng.chance(60) {
+                "LOCK.MACQUIRE"
+            } else {
+                "LOCK.MRELEASE"
+            };
+            let mut w = vec![command.into(), "2".into(), key, other, token];
+            if command == "LOCK.MACQUIRE" {
+                w.push(ms(rng));
+                if rng.chance(20) {
+                    w.push("SESSION".into());
+                }
+            }
             w
         }
         _ => vec!["LOCK.FORCERELEASE".into(), key],

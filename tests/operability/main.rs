@@ -62,7 +62,7 @@ const WARNINGS: [&str; 2] = [
 ];
 
 /// The public commands.
-const COMMANDS: [&str; 8] = [
+const COMMANDS: [&str; 10] = [
     "lock.acquire",
     "lock.release",
     "lock.renew",
@@ -71,6 +71,8 @@ const COMMANDS: [&str; 8] = [
     "lock.info",
     "lock.forcerelease",
     "lock.guard",
+    "lock.macquire",
+    "lock.mrelease",
 ];
 
 /// A token distinctive enough that finding it anywhere means it leaked.

@@ -1,0 +1,234 @@
+//! Several locks at once with one token: `LOCK.MACQUIRE` grants every key or none, and
+//! `LOCK.MRELEASE` releases them together. Each key stays an ordinary lock (its own fence, lease,
+//! events and effects); one command's effects reach replicas and the AOF together (Redis wraps
+//! them in MULTI/EXEC), so no replica ever sees part of a grant.
+
+use redis_module::key::RedisKeyWritable;
+use redis_module::{Context, RedisString, RedisValue};
+
+use crate::error::LockError;
+use crate::host::command::CommandResult;
+use crate::host::keys::redact;
+use crate::host::server::{client_id, now_ms, parse_integer};
+use crate::lock::core::{Acquire, Lock, Request};
+use crate::lock::event::Event;
+use crate::lock::floor;
+use crate::lock::sessions;
+use crate::metrics;
+use crate::service::args::{self, AcquireOptions};
+use crate::service::change::{change, expire_overdue, reclaim_if_due};
+use crate::service::effects;
+use crate::service::handoff::fence_reply;
+use crate::service::value::{in_key_mut, Stored, LOCK_TYPE};
+use crate::service::waiters;
+
+/// The most keys one call may name.
+pub const MAX_KEYS: usize = 1024;
+
+/// Where the keys of a `numkeys key [key ...]` call are (the command name is 0), read-write:
+/// what the call names, within its arguments (a bad count declares what fits; the call itself
+/// then refuses it).
+pub fn key_positions(args: &[RedisString]) -> Vec<(usize, u32)> {
+    let count = args
+        .get(1)
+        .and_then(parse_integer)
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0)
+        .min(MAX_KEYS)
+        .min(args.len().saturating_sub(2));
+    let flags = redis_module::raw::REDISMODULE_CMD_KEY_RW
+        | redis_module::raw::REDISMODULE_CMD_KEY_ACCESS
+        | redis_module::raw::REDISMODULE_CMD_KEY_UPDATE;
+    (2..2 + count).map(|position| (position, flags)).collect()
+}
+
+/// `numkeys key [key ...]` at the start of `args` (after the command name): the keys, and the
+/// arguments after them. `after` is how many arguments must follow the keys.
+fn counted_keys(
+    args: &[RedisString],
+    after: usize,
+) -> Result<(&[RedisString], &[RedisString]), LockError> {
+    let bad = |detail| LockError::BadInteger {
+        name: "numkeys",
+        detail,
+    };
+    let [numkeys, rest @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let count = parse_integer(numkeys).ok_or(bad("not an integer"))?;
+    let count = usize::try_from(count)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or(bad("must be positive"))?;
+    if count > MAX_KEYS {
+        return Err(bad("more than 1024 keys"));
+    }
+    if rest.len() < count + after {
+        return Err(bad("more than the keys given"));
+    }
+    let (keys, tail) = rest.split_at(count);
+    for (i, key) in keys.iter().enumerate() {
+        if keys[..i].iter().any(|k| k.as_slice() == key.as_slice()) {
+            return Err(LockError::DuplicateKey);
+        }
+    }
+    Ok((keys, tail))
+}
+
+/// `LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [SESSION] [LOCKDELAY ms]`: every key is
+/// granted to `token` (or refreshed where the token already holds it) and the reply is their
+/// fences in key order, or nil and nothing changes.
+pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), 2)?;
+    let [token, ttl, options @ ..] = rest else {
+        return Err(LockError::WrongArity);
+    };
+    let token_position = keys.len() + 2;
+    redact(ctx, i32::try_from(token_position).unwrap_or(i32::MAX));
+    let token = args::token(ctx, token)?;
+    let ttl = args::ttl(ctx, ttl)?;
+    let options = AcquireOptions::parse(ctx, options, token_position + 2)?;
+    for (given, name) in [
+        (options.wait.is_some(), "WAIT"),
+        (options.reentrant, "REENTRANT"),
+        (options.sync.is_some(), "SYNC"),
+    ] {
+        if given {
+            return Err(LockError::NotForMulti(name));
+        }
+    }
+    let now = now_ms();
+    let request = Request {
+        token,
+        ttl,
+        reentrant: false,
+        session: options.session,
+        delay: options.delay(),
+    };
+    let opened: Vec<RedisKeyWritable> = keys.iter().map(|k| ctx.open_key_writable(k)).collect();
+    // Every key is looked at before any changes: a key of another type refuses the whole call.
+    for key in &opened {
+        in_key_mut(key)?;
+    }
+    let mut grantable = true;
+    for (key, name) in opened.iter().zip(keys) {
+        grantable &= match in_key_mut(key)? {
+            Some(stored) => {
+                expire_overdue(ctx, name, stored, now);
+                let lock = stored.lock();
+                let holds_it = lock.live_holder(now).is_some_and(|h| *h.token == *token);
+                holds_it || (lock.is_available(now) && !waiters::queued(ctx, name))
+            }
+            None => !waiters::queued(ctx, name),
+        };
+    }
+    if !grantable {
+        metrics::ACQUIRE_CONTENDED.incr();
+        return Ok(RedisValue::Null);
+    }
+    let mut fences = Vec::with_capacity(keys.len());
+    for (key, name) in opened.iter().zip(keys) {
+        let (fence, lock_id, new) = grant_one(ctx, key, name, &request, now)?;
+        if options.session {
+            sessions::claim(waiters::key_ref(ctx, name), client_id(ctx), token, lock_id);
+        }
+        if new {
+            metrics::ACQUIRE_WAIT.record(0);
+        }
+        metrics::ACQUIRED.incr();
+        fences.push(RedisValue::Integer(fence_reply(fence)));
+    }
+    Ok(RedisValue::Array(fences))
+}
+
+/// Grants one key that was found grantable: (fence, lock id, a new grant rather than a refresh).
+fn grant_one(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    request: &Request,
+    now: u64,
+) -> Result<(u64, u64, bool), LockError> {
+    let grant = |lock: &mut Lock| lock.grant(request, floor::get(), now);
+    let outcome = match in_key_mut(key)? {
+        Some(stored) => {
+            let mut outcome = Ok(Acquire::Busy);
+            change(ctx, name, stored, now, |lock| {
+                outcome = grant(lock);
+                matches!(
+                    outcome,
+                    Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
+                )
+                .then_some(Event::Acquire)
+            });
+            (outcome, stored.id())
+        }
+        None => {
+            let mut lock = Lock::default();
+            let outcome = grant(&mut lock);
+            if outcome.is_err() {
+                (outcome, 0)
+            } else {
+                key.set_value(&LOCK_TYPE, Stored::granted(lock))
+                    .map_err(|_| LockError::internal("a new lock could not be stored"))?;
+                let stored = in_key_mut(key)?
+                    .ok_or(LockError::internal("a new lock vanished from its key"))?;
+                effects::propagate(ctx, name, Event::Acquire, stored, None);
+                (outcome, stored.id())
+            }
+        }
+    };
+    match outcome {
+        (Ok(Acquire::Granted { fence }), id) => Ok((fence, id, true)),
+        (Ok(Acquire::Refreshed { fence }), id) => Ok((fence, id, false)),
+        // Checked grantable just before, in the same command: cannot happen.
+        (Ok(Acquire::Busy), _) => Err(LockError::internal("a key found free was busy")),
+        (Err(_), _) => Err(LockError::FenceExhausted),
+    }
+}
+
+/// `LOCK.MRELEASE numkeys key [key ...] token`: drops one hold of `token` on each key, as
+/// LOCK.RELEASE would; the reply counts the keys it held.
+pub fn mrelease(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), 1)?;
+    let [token] = rest else {
+        return Err(LockError::WrongArity);
+    };
+    redact(ctx, i32::try_from(keys.len() + 2).unwrap_or(i32::MAX));
+    let token = args::token(ctx, token)?;
+    let opened: Vec<RedisKeyWritable> = keys.iter().map(|k| ctx.open_key_writable(k)).collect();
+    for key in &opened {
+        in_key_mut(key)?;
+    }
+    let now = now_ms();
+    let mut released = 0;
+    for (key, name) in opened.iter().zip(keys) {
+        let Some(stored) = in_key_mut(key)? else {
+            metrics::RELEASE_MISMATCH.incr();
+            continue;
+        };
+        expire_overdue(ctx, name, stored, now);
+        let mut outcome = None;
+        change(ctx, name, stored, now, |lock| {
+            outcome = lock.release(token, now);
+            outcome.map(|free| {
+                if free {
+                    Event::Release
+                } else {
+                    Event::DropHold
+                }
+            })
+        });
+        match outcome {
+            Some(freed) => {
+                released += 1;
+                metrics::RELEASED.incr();
+                if freed {
+                    reclaim_if_due(ctx, key, name, now);
+                }
+            }
+            None => metrics::RELEASE_MISMATCH.incr(),
+        }
+    }
+    Ok(RedisValue::Integer(released))
+}

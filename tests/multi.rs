@@ -1,0 +1,302 @@
+//! LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [SESSION] [LOCKDELAY ms]: every key or none,
+//! one fence per key in key order; LOCK.MRELEASE releases them together. Each key stays an
+//! ordinary lock; one call's effects reach replicas and the AOF together.
+
+mod common;
+
+use common::cluster::Cluster;
+use common::*;
+
+fn macquire(c: &mut Conn, keys: &[&str], token: &str, ttl: &str, extra: &[&str]) -> Reply {
+    let numkeys = keys.len().to_string();
+    let mut call = vec!["LOCK.MACQUIRE", &numkeys];
+    call.extend_from_slice(keys);
+    call.extend([token, ttl]);
+    call.extend_from_slice(extra);
+    c.call(&call)
+}
+
+fn mrelease(c: &mut Conn, keys: &[&str], token: &str) -> Reply {
+    let numkeys = keys.len().to_string();
+    let mut call = vec!["LOCK.MRELEASE", &numkeys];
+    call.extend_from_slice(keys);
+    call.push(token);
+    c.call(&call)
+}
+
+fn fences(reply: &Reply) -> Vec<i64> {
+    reply.items().iter().map(Reply::int).collect()
+}
+
+#[test]
+fn every_key_or_none_with_a_fence_per_key_in_key_order() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let got = fences(&macquire(&mut c, &["b", "a", "c"], "t1", "10000", &[]));
+    assert_eq!(got.len(), 3);
+    for (key, fence) in ["b", "a", "c"].iter().zip(&got) {
+        assert_eq!(fence_of(&mut c, key), *fence, "{key}");
+        assert_eq!(state_of(&mut c, key), "held");
+    }
+    // One key busy: nothing changes, not even the free keys.
+    let digest = c.call(&["DEBUG", "DIGEST"]);
+    assert_eq!(
+        macquire(&mut c, &["d", "a"], "t2", "10000", &[]),
+        Reply::Nil
+    );
+    assert_eq!(c.call(&["EXISTS", "d"]), Reply::Int(0));
+    assert_eq!(c.call(&["DEBUG", "DIGEST"]), digest);
+    // The same token again: every lease refreshed, the same fences.
+    assert_eq!(
+        fences(&macquire(&mut c, &["a", "b", "c"], "t1", "20000", &[])),
+        vec![got[1], got[0], got[2]]
+    );
+    assert!(lock_field(&mut c, "a", "ttl").int() > 10_000);
+    assert_eq!(server.info_int("lock_acquired"), 6);
+    assert_eq!(server.info_int("lock_acquire_contended"), 1);
+    // Released together; the reply counts the keys the token held.
+    assert_eq!(
+        mrelease(&mut c, &["a", "b", "c", "never"], "t1"),
+        Reply::Int(3)
+    );
+    for key in ["a", "b", "c"] {
+        assert_eq!(state_of(&mut c, key), "free", "{key}");
+    }
+    let next = fences(&macquire(&mut c, &["a", "d"], "t2", "10000", &[]));
+    assert!(next[0] > got[1]);
+    // Key by key works too: each key is an ordinary lock.
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "t2"]), Reply::Int(1));
+    assert_eq!(mrelease(&mut c, &["a", "d"], "t2"), Reply::Int(1));
+}
+
+#[test]
+fn queued_waiters_and_lock_delays_are_not_overtaken() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut waiter = server.conn();
+    acquire(&mut c, "a", "holder", 10_000);
+    waiter.send(&["LOCK.ACQUIRE", "a", "w", "10000", "WAIT", "10000"]);
+    wait_for("the waiter to queue", || {
+        (lock_field(&mut c, "a", "waiters") == Reply::Int(1)).then_some(())
+    });
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "holder"]), Reply::Int(1));
+    assert!(waiter.read().int() > 0);
+    // "b" is free, but a lock-delay runs on "c".
+    assert!(c
+        .call(&["LOCK.ACQUIRE", "c", "x", "20", "LOCKDELAY", "60000"])
+        .is_int());
+    wait_for("the lease of c to end", || {
+        (state_of(&mut c, "c") == "free").then_some(())
+    });
+    assert_eq!(macquire(&mut c, &["b", "c"], "t", "10000", &[]), Reply::Nil);
+    assert_eq!(c.call(&["EXISTS", "b"]), Reply::Int(0));
+}
+
+#[test]
+fn session_and_lock_delay_apply_to_every_key() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut owner = server.conn();
+    macquire(
+        &mut owner,
+        &["a", "b"],
+        "t",
+        "60000",
+        &["SESSION", "LOCKDELAY", "250"],
+    )
+    .items();
+    for key in ["a", "b"] {
+        assert_eq!(lock_field(&mut c, key, "session"), Reply::Int(1));
+        assert_eq!(lock_field(&mut c, key, "lock_delay"), Reply::Int(250));
+    }
+    drop(owner);
+    wait_for("the session to end", || {
+        (state_of(&mut c, "a") == "free" && state_of(&mut c, "b") == "free").then_some(())
+    });
+    assert_eq!(server.info_int("lock_session_released"), 2);
+    assert_eq!(macquire(&mut c, &["a"], "u", "1000", &[]), Reply::Nil);
+}
+
+#[test]
+fn bad_calls_are_refused_and_change_nothing() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(c.call(&["SET", "str", "x"]), Reply::status("OK"));
+    let digest = c.call(&["DEBUG", "DIGEST"]);
+    let numkeys = |detail: &str| Reply::Error(format!("ERR invalid numkeys: {detail}"));
+    let cases: Vec<(Vec<&str>, Reply)> = vec![
+        (
+            vec!["LOCK.MACQUIRE", "2", "a", "a", "t", "100"],
+            Reply::error("ERR duplicate key: each key may be named once"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "0", "a", "t", "100"],
+            numkeys("must be positive"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "-1", "a", "t", "100"],
+            numkeys("must be positive"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "x", "a", "t", "100"],
+            numkeys("not an integer"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "3", "a", "t", "100"],
+            numkeys("more than the keys given"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1025", "a", "t", "100"],
+            numkeys("more than 1024 keys"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "2", "a", "str", "t", "100"],
+            Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "t", "0"],
+            Reply::error("ERR invalid ttl-ms: must be positive"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "", "100"],
+            Reply::error("ERR invalid token: must not be empty"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "WAIT", "5"],
+            Reply::error("ERR option WAIT is not supported by LOCK.MACQUIRE"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "REENTRANT"],
+            Reply::error("ERR option REENTRANT is not supported by LOCK.MACQUIRE"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "SYNC", "1", "5"],
+            Reply::error("ERR option SYNC is not supported by LOCK.MACQUIRE"),
+        ),
+        (
+            vec!["LOCK.MACQUIRE", "1", "a", "t"],
+            Reply::error("ERR wrong number of arguments for 'lock.macquire' command"),
+        ),
+        (
+            vec!["LOCK.MRELEASE", "2", "a", "a", "t"],
+            Reply::error("ERR duplicate key: each key may be named once"),
+        ),
+        (
+            vec!["LOCK.MRELEASE", "2", "a", "t"],
+            numkeys("more than the keys given"),
+        ),
+        (
+            vec!["LOCK.MRELEASE", "2", "a", "str", "t"],
+            Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        ),
+        (
+            vec!["LOCK.MRELEASE", "1", "a", "t", "extra"],
+            Reply::error("ERR wrong number of arguments for 'lock.mrelease' command"),
+        ),
+    ];
+    for (call, expected) in cases {
+        assert_eq!(c.call(&call), expected, "{call:?}");
+    }
+    assert_eq!(c.call(&["DEBUG", "DIGEST"]), digest);
+    assert_eq!(c.call(&["DBSIZE"]), Reply::Int(1));
+}
+
+#[test]
+fn one_calls_effects_reach_replicas_and_the_aof_together() {
+    let mut primary = Server::start_with(Config::default().with("appendonly", "yes"));
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut c = primary.conn();
+    let got = fences(&macquire(&mut c, &["a", "b", "c"], "t", "600000", &[]));
+    assert_eq!(mrelease(&mut c, &["b"], "t"), Reply::Int(1));
+    primary.sync_replicas(1);
+    let mut r = replica.conn();
+    assert_eq!(c.call(&["DEBUG", "DIGEST"]), r.call(&["DEBUG", "DIGEST"]));
+    assert_eq!(fence_of(&mut r, "c"), got[2]);
+    assert_eq!(state_of(&mut r, "b"), "free");
+    // The AOF has the grant as one transaction: MULTI, an effect per key, EXEC.
+    let aof = std::fs::read_dir(primary.dir().join("appendonlydir"))
+        .expect("appendonlydir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".incr.aof"))
+        .map(|e| std::fs::read(e.path()).expect("read AOF"))
+        .next()
+        .expect("an incr AOF");
+    let text = String::from_utf8_lossy(&aof);
+    let multi = text.find("MULTI").expect("MULTI in the AOF");
+    let exec = text[multi..].find("EXEC").expect("EXEC after it") + multi;
+    assert_eq!(text[multi..exec].matches("LOCK.APPLY").count(), 3, "{text}");
+    drop(c);
+    drop(r);
+    primary.restart();
+    let mut c = primary.conn();
+    assert_eq!(fence_of(&mut c, "a"), got[0]);
+    assert_eq!(state_of(&mut c, "c"), "held");
+}
+
+#[test]
+fn command_docs_and_getkeys_name_every_key() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(
+        c.call(&[
+            "COMMAND",
+            "GETKEYS",
+            "LOCK.MACQUIRE",
+            "2",
+            "a",
+            "b",
+            "t",
+            "100"
+        ]),
+        Reply::Array(vec![Reply::bulk("a"), Reply::bulk("b")])
+    );
+    assert_eq!(
+        c.call(&["COMMAND", "GETKEYS", "LOCK.MRELEASE", "1", "a", "t"]),
+        Reply::Array(vec![Reply::bulk("a")])
+    );
+    for name in ["lock.macquire", "lock.mrelease"] {
+        let docs = c.call(&["COMMAND", "DOCS", name]);
+        assert!(docs.contains_bytes(b"numkeys"), "{name}: {docs:?}");
+    }
+}
+
+#[test]
+fn in_a_cluster_every_key_shares_one_slot() {
+    let cluster = Cluster::start(3, false);
+    let mut c = cluster.conn_for("{order:1}:a");
+    let got = macquire(&mut c, &["{order:1}:a", "{order:1}:b"], "t", "10000", &[]);
+    assert_eq!(got.items().len(), 2);
+    assert_eq!(
+        macquire(&mut c, &["{order:1}:c", "{order:2}:d"], "t", "10000", &[]),
+        Reply::error("CROSSSLOT Keys in request don't hash to the same slot")
+    );
+    assert_eq!(
+        mrelease(&mut c, &["{order:1}:a", "{order:1}:b"], "t"),
+        Reply::Int(2)
+    );
+}
+
+#[test]
+fn the_token_is_redacted_from_slowlog_and_monitor() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut monitor = server.conn();
+    monitor.send(&["MONITOR"]);
+    assert_eq!(monitor.read(), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+        Reply::status("OK")
+    );
+    let secret = "tok-m5ecr3t-41";
+    macquire(&mut c, &["a", "b"], secret, "10000", &[]).items();
+    assert_eq!(mrelease(&mut c, &["a", "b"], secret), Reply::Int(2));
+    let slowlog = c.call(&["SLOWLOG", "GET", "10"]);
+    assert!(slowlog.contains_bytes(b"lock.macquire") || slowlog.contains_bytes(b"LOCK.MACQUIRE"));
+    assert!(!slowlog.contains_bytes(secret.as_bytes()), "{slowlog:?}");
+    for _ in 0..2 {
+        let line = monitor.read().text();
+        assert!(line.to_lowercase().contains("lock.m"), "{line}");
+        assert!(!line.contains(secret), "{line}");
+    }
+}
