@@ -145,7 +145,7 @@ pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: c"lock.macquire",
         callback: entry_declaring_keys::<LockMacquire>,
-        flags: c"write deny-oom getkeys-api",
+        flags: c"write deny-oom blocking getkeys-api",
         arity: -5,
         keys: Keys::Counted(KeyAccess::ReadWrite),
         summary: c"Takes several locks for one token, all or none, and returns their fences in key order, or nil.",
@@ -155,6 +155,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"key", ArgKind::Key).multiple(),
             TOKEN,
             TTL,
+            ArgDef::new(c"timeout-ms", ArgKind::Integer).token(c"WAIT").optional(),
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
             ArgDef::new(c"lock-delay", ArgKind::Integer).token(c"LOCKDELAY").optional(),
         ],

@@ -1,6 +1,8 @@
-//! LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [SESSION] [LOCKDELAY ms]: every key or none,
-//! one fence per key in key order; LOCK.MRELEASE releases them together. Each key stays an
-//! ordinary lock; one call's effects reach replicas and the AOF together.
+//! LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [WAIT ms] [SESSION] [LOCKDELAY ms]: every
+//! key or none, one fence per key in key order; with WAIT, queued on every key and granted only
+//! at the head of all of them at once, holding nothing meanwhile. LOCK.MRELEASE releases them
+//! together. Each key stays an ordinary lock; one call's effects reach replicas and the AOF
+//! together.
 
 mod common;
 
@@ -162,8 +164,8 @@ fn bad_calls_are_refused_and_change_nothing() {
             Reply::error("ERR invalid token: must not be empty"),
         ),
         (
-            vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "WAIT", "5"],
-            Reply::error("ERR option WAIT is not supported by LOCK.MACQUIRE"),
+            vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "WAIT", "-5"],
+            Reply::error("ERR invalid timeout-ms: must not be negative"),
         ),
         (
             vec!["LOCK.MACQUIRE", "1", "a", "t", "100", "REENTRANT"],
@@ -299,4 +301,151 @@ fn the_token_is_redacted_from_slowlog_and_monitor() {
         assert!(line.to_lowercase().contains("lock.m"), "{line}");
         assert!(!line.contains(secret), "{line}");
     }
+}
+
+fn send_macquire(c: &mut Conn, keys: &[&str], token: &str, wait: &str) {
+    let numkeys = keys.len().to_string();
+    let mut call = vec!["LOCK.MACQUIRE", &numkeys];
+    call.extend_from_slice(keys);
+    call.extend([token, "60000", "WAIT", wait]);
+    c.send(&call);
+}
+
+/// Clients queued on `key` (LOCK.INFO; 0 for a missing key).
+fn waiters_on(c: &mut Conn, key: &str) -> i64 {
+    lock_info(c, key).map_or(0, |fields| {
+        fields
+            .into_iter()
+            .find(|(name, _)| name == "waiters")
+            .map_or(0, |(_, value)| value.int())
+    })
+}
+
+#[test]
+fn a_waiting_multi_lock_holds_nothing_until_it_gets_every_key() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut m = server.conn();
+    acquire(&mut c, "a", "h1", 60_000);
+    acquire(&mut c, "b", "h2", 60_000);
+    send_macquire(&mut m, &["a", "b"], "tm", "10000");
+    wait_blocked(&server, 1);
+    assert_eq!(waiters_on(&mut c, "a"), 1);
+    assert_eq!(waiters_on(&mut c, "b"), 1);
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "h1"]), Reply::Int(1));
+    // "a" is free but not taken: no hold-and-wait. Nobody overtakes the queued multi-lock.
+    assert_eq!(state_of(&mut c, "a"), "free");
+    assert_eq!(waiters_on(&mut c, "a"), 1);
+    assert_eq!(c.call(&["LOCK.ACQUIRE", "a", "x", "1000"]), Reply::Nil);
+    assert_eq!(c.call(&["LOCK.RELEASE", "b", "h2"]), Reply::Int(1));
+    let got = fences(&m.read());
+    assert_eq!(got, vec![fence_of(&mut c, "a"), fence_of(&mut c, "b")]);
+    assert_eq!(waiters_on(&mut c, "a"), 0);
+    assert_eq!(mrelease(&mut c, &["a", "b"], "tm"), Reply::Int(2));
+}
+
+#[test]
+fn two_multi_locks_in_opposite_orders_do_not_deadlock() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut m1 = server.conn();
+    let mut m2 = server.conn();
+    acquire(&mut c, "a", "h", 60_000);
+    send_macquire(&mut m1, &["a", "b"], "t1", "10000");
+    wait_blocked(&server, 1);
+    send_macquire(&mut m2, &["b", "a"], "t2", "10000");
+    wait_blocked(&server, 2);
+    assert_eq!(waiters_on(&mut c, "a"), 2);
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "h"]), Reply::Int(1));
+    // First come, first served on every key: m1, then m2 once m1 lets go.
+    let first = fences(&m1.read());
+    assert_eq!(first.len(), 2);
+    assert_eq!(waiters_on(&mut c, "a"), 1);
+    assert_eq!(mrelease(&mut c, &["a", "b"], "t1"), Reply::Int(2));
+    let second = fences(&m2.read());
+    assert!(
+        second[0] > first[1] && second[1] > first[0],
+        "{first:?} {second:?}"
+    );
+    assert_eq!(state_of(&mut c, "a"), "held");
+    assert_eq!(state_of(&mut c, "b"), "held");
+}
+
+#[test]
+fn waiters_queued_earlier_on_any_key_go_first() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut s1 = server.conn();
+    let mut m = server.conn();
+    acquire(&mut c, "a", "h", 60_000);
+    s1.send(&["LOCK.ACQUIRE", "a", "s1", "60000", "WAIT", "10000"]);
+    wait_for("s1 to queue", || {
+        (waiters_on(&mut c, "a") == 1).then_some(())
+    });
+    send_macquire(&mut m, &["b", "a"], "tm", "10000");
+    wait_blocked(&server, 2);
+    assert_eq!(waiters_on(&mut c, "a"), 2);
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "h"]), Reply::Int(1));
+    assert!(s1.read().int() > 0);
+    assert_eq!(c.call(&["EXISTS", "b"]), Reply::Int(0));
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "s1"]), Reply::Int(1));
+    assert_eq!(fences(&m.read()).len(), 2);
+}
+
+#[test]
+fn a_multi_lock_that_leaves_lets_the_waiters_behind_it_through() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "a", "h", 60_000);
+    for leave in ["timeout", "disconnect"] {
+        let mut m = server.conn();
+        let mut s = server.conn();
+        send_macquire(
+            &mut m,
+            &["a", "b"],
+            "tm",
+            if leave == "timeout" { "300" } else { "0" },
+        );
+        wait_blocked(&server, 1);
+        // "b" is free, but s queued behind the multi-lock waits for it.
+        s.send(&["LOCK.ACQUIRE", "b", "s", "60000", "WAIT", "10000"]);
+        wait_blocked(&server, 2);
+        assert_eq!(waiters_on(&mut c, "b"), 2);
+        if leave == "timeout" {
+            assert_eq!(m.read(), Reply::Nil);
+        } else {
+            drop(m);
+        }
+        assert!(s.read().int() > 0, "{leave}");
+        assert_eq!(c.call(&["LOCK.RELEASE", "b", "s"]), Reply::Int(1));
+        assert_eq!(waiters_on(&mut c, "a"), 0, "{leave}");
+    }
+}
+
+#[test]
+fn inside_multi_wait_is_a_single_attempt_and_max_waiters_holds() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "a", "h", 60_000);
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["LOCK.MACQUIRE", "2", "a", "b", "t", "1000", "WAIT", "0"]),
+        Reply::status("QUEUED")
+    );
+    assert_eq!(c.call(&["EXEC"]), Reply::Array(vec![Reply::Nil]));
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.max-waiters", "1"]),
+        Reply::status("OK")
+    );
+    let mut w = server.conn();
+    w.send(&["LOCK.ACQUIRE", "a", "w", "1000", "WAIT", "10000"]);
+    wait_for("w to queue", || {
+        (waiters_on(&mut c, "a") == 1).then_some(())
+    });
+    assert_eq!(
+        c.call(&["LOCK.MACQUIRE", "2", "b", "a", "t", "1000", "WAIT", "100"]),
+        Reply::error("ERR too many waiters on this lock (lock.max-waiters is 1)")
+    );
+    assert_eq!(waiters_on(&mut c, "a"), 1);
+    assert_eq!(c.call(&["EXISTS", "b"]), Reply::Int(0));
 }

@@ -28,8 +28,9 @@ pub trait OnKey {
     fn ready(ctx: &Context, tag: &Self::Tag) -> Option<CommandResult>;
     /// Timeout, `CLIENT UNBLOCK` or [`unblock`]: the reply.
     fn ended(ctx: &Context, tag: &Self::Tag) -> CommandResult;
-    /// The client disconnected (its free call follows later).
-    fn disconnected(tag: &Self::Tag);
+    /// The client disconnected (its free call follows later). `ctx` is the disconnecting
+    /// client's, in the database it waited in.
+    fn disconnected(ctx: &Context, tag: &Self::Tag);
     /// The last call, whatever ended the wait.
     fn freed(tag: Self::Tag);
 }
@@ -41,6 +42,18 @@ pub fn block_on_key<B: OnKey>(
     timeout_ms: u64,
     tag: B::Tag,
 ) -> Option<BlockedClient> {
+    block_on_keys::<B>(ctx, &[key], timeout_ms, tag)
+}
+
+/// Blocks the client of `ctx` on every key of `keys` (its reply callback runs when any of them
+/// is signalled) for at most `timeout_ms` (0: no limit).
+pub fn block_on_keys<B: OnKey>(
+    ctx: &Context,
+    keys: &[&RedisString],
+    timeout_ms: u64,
+    tag: B::Tag,
+) -> Option<BlockedClient> {
+    let count = c_int::try_from(keys.len()).ok()?;
     let timeout = c_longlong::try_from(timeout_ms).unwrap_or(c_longlong::MAX);
     // SAFETY: reading the API table Redis filled in at load.
     let (Some(block), Some(on_disconnect)) = (unsafe {
@@ -52,7 +65,7 @@ pub fn block_on_key<B: OnKey>(
         return None;
     };
     let privdata = Box::into_raw(Box::new(tag));
-    let mut keys = [key.inner];
+    let mut keys: Vec<*mut raw::RedisModuleString> = keys.iter().map(|k| k.inner).collect();
     // SAFETY: a valid context and key; `privdata` is owned by Redis from here on and handed back
     // to `free::<B>` exactly once (or freed below when blocking failed).
     let handle = unsafe {
@@ -63,7 +76,7 @@ pub fn block_on_key<B: OnKey>(
             Some(free::<B>),
             timeout,
             keys.as_mut_ptr(),
-            1,
+            count,
             privdata.cast(),
         )
     };
@@ -149,7 +162,7 @@ extern "C" fn disconnected<B: OnKey>(
 ) {
     guarded((), || {
         if let Some(tag) = tag_of::<B::Tag>(ctx) {
-            B::disconnected(tag);
+            B::disconnected(&Context::new(ctx), tag);
         }
     });
 }

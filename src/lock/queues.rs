@@ -6,6 +6,12 @@
 //! O(log n), so a mass disconnect of n waiters costs O(n log n). Keys are grouped by database,
 //! so FLUSHDB and SWAPDB find theirs without looking at other databases.
 //!
+//! A multi-lock waiter (`LOCK.MACQUIRE ... WAIT`) queues on each of its keys at once, with one
+//! id: the waiter itself in the queue of its first key, a shadow entry in the others. Since one
+//! call enqueues it on all its keys together, any two waiters that share keys are in the same
+//! order in every queue they share, so the earliest of them is at the head of all its queues:
+//! nobody waits in a cycle.
+//!
 //! `H` is the blocked-client handle of the host; nothing here touches it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -39,6 +45,12 @@ pub struct Request {
 #[derive(Debug)]
 pub enum Kind {
     Acquire(Request),
+    /// `LOCK.MACQUIRE ... WAIT`: every key of `keys` (the first is where the waiter is queued;
+    /// the others hold shadows), all or none.
+    AcquireAll {
+        request: Request,
+        keys: Vec<Box<[u8]>>,
+    },
     /// `LOCK.WAIT`: the fence of the grant it waits to see end.
     Watch {
         fence: u64,
@@ -72,10 +84,26 @@ pub struct Tag {
     pub key: KeyRef,
     /// `Some(fence)` for a watcher of the grant with that fence.
     pub watch: Option<u64>,
+    /// A multi-lock waiter's other keys (same database), where its shadows are queued.
+    pub also: Vec<Box<[u8]>>,
+}
+
+impl Tag {
+    /// Every key the waiter is queued on, its first key first.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(&*self.key.1).chain(self.also.iter().map(|k| &**k))
+    }
+}
+
+/// An acquirer's place in one key's queue: the waiter, or the shadow of a multi-lock waiter
+/// queued on its first key `primary`.
+enum Slot<H> {
+    Waiter(Waiter<H>),
+    Shadow { primary: Box<[u8]> },
 }
 
 struct Queue<H> {
-    acquirers: BTreeMap<u64, Waiter<H>>,
+    acquirers: BTreeMap<u64, Slot<H>>,
     /// Fence waited on -> watchers by id.
     watchers: BTreeMap<u64, BTreeMap<u64, Waiter<H>>>,
     watcher_count: usize,
@@ -164,9 +192,24 @@ impl<H> Queues<H> {
             .or_default()
             .entry(key.clone())
             .or_insert_with(Queue::new);
+        let id = waiter.id;
         match tag.watch {
             None => {
-                queue.acquirers.insert(waiter.id, waiter);
+                queue.acquirers.insert(id, Slot::Waiter(waiter));
+                for other in &tag.also {
+                    self.dbs
+                        .entry(*db)
+                        .or_default()
+                        .entry(other.clone())
+                        .or_insert_with(Queue::new)
+                        .acquirers
+                        .insert(
+                            id,
+                            Slot::Shadow {
+                                primary: key.clone(),
+                            },
+                        );
+                }
             }
             Some(fence) => {
                 queue
@@ -184,8 +227,14 @@ impl<H> Queues<H> {
     /// still queued.
     pub fn remove(&mut self, tag: &Tag) -> Option<Waiter<H>> {
         let (db, key) = &tag.key;
+        for other in &tag.also {
+            self.with_queue(*db, other, |queue| queue.acquirers.remove(&tag.id));
+        }
         let waiter = self.with_queue(*db, key, |queue| match tag.watch {
-            None => queue.acquirers.remove(&tag.id),
+            None => match queue.acquirers.remove(&tag.id)? {
+                Slot::Waiter(waiter) => Some(waiter),
+                Slot::Shadow { .. } => None,
+            },
             Some(fence) => {
                 let group = queue.watchers.get_mut(&fence)?;
                 let waiter = group.remove(&tag.id)?;
@@ -207,13 +256,26 @@ impl<H> Queues<H> {
             .is_some_and(|(head, _)| *head == id)
     }
 
+    /// The token a queued acquirer asked for.
+    pub fn token_of(&self, tag: &Tag) -> Option<Box<[u8]>> {
+        let (db, key) = &tag.key;
+        match self.queue(*db, key)?.acquirers.get(&tag.id)? {
+            Slot::Waiter(Waiter {
+                kind: Kind::Acquire(request) | Kind::AcquireAll { request, .. },
+                ..
+            }) => Some(request.token.clone()),
+            _ => None,
+        }
+    }
+
     /// True when the first acquirer queued on `key` asked for SYNC (its answer waits for
     /// replicas).
     pub fn head_syncs(&self, db: i32, key: &[u8]) -> bool {
         self.queue(db, key)
             .and_then(|q| q.acquirers.first_key_value())
-            .is_some_and(|(_, w)| {
-                matches!(&w.kind, Kind::Acquire(r) if r.sync.is_some_and(|s| s.replicas > 0))
+            .is_some_and(|(_, slot)| {
+                matches!(slot, Slot::Waiter(w)
+                    if matches!(&w.kind, Kind::Acquire(r) if r.sync.is_some_and(|s| s.replicas > 0)))
             })
     }
 
@@ -260,13 +322,38 @@ impl<H> Queues<H> {
         if keys.is_empty() {
             self.dbs.remove(&db);
         }
-        let all: Vec<Waiter<H>> = queue
-            .acquirers
-            .into_values()
-            .chain(queue.watchers.into_values().flat_map(BTreeMap::into_values))
-            .collect();
+        let mut all = Vec::new();
+        for (id, slot) in queue.acquirers {
+            match slot {
+                Slot::Waiter(waiter) => {
+                    self.forget_shadows(db, &waiter);
+                    all.push(waiter);
+                }
+                // A multi-lock waiter queued on another key: it leaves all its queues too.
+                Slot::Shadow { primary } => {
+                    let Some(Slot::Waiter(waiter)) = self
+                        .with_queue(db, &primary, |queue| queue.acquirers.remove(&id))
+                        .flatten()
+                    else {
+                        continue;
+                    };
+                    self.forget_shadows(db, &waiter);
+                    all.push(waiter);
+                }
+            }
+        }
+        all.extend(queue.watchers.into_values().flat_map(BTreeMap::into_values));
         metrics::WAITERS.add(-i64::try_from(all.len()).unwrap_or(i64::MAX));
         all
+    }
+
+    /// Removes the shadows of a multi-lock waiter taken off its first key's queue.
+    fn forget_shadows(&mut self, db: i32, waiter: &Waiter<H>) {
+        if let Kind::AcquireAll { keys, .. } = &waiter.kind {
+            for key in keys.iter().skip(1) {
+                self.with_queue(db, key, |queue| queue.acquirers.remove(&waiter.id));
+            }
+        }
     }
 
     /// Records why the module ended waiter `id`'s wait (its timeout callback answers it).
@@ -289,6 +376,7 @@ mod tests {
             id: q.next_id(),
             key: (0, key.as_bytes().into()),
             watch,
+            also: Vec::new(),
         }
     }
 
@@ -365,6 +453,7 @@ mod tests {
                 id: q.next_id(),
                 key: (db, key.as_bytes().into()),
                 watch: None,
+                also: Vec::new(),
             };
             q.enqueue(&t, waiter(&t, 0));
         }

@@ -5,11 +5,13 @@
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString};
 
+use crate::error::LockError;
 use crate::host::keys;
 use crate::host::server::{is_cluster, selected_db};
 use crate::lock::codec::State;
-use crate::lock::core::Lock;
+use crate::lock::core::{Acquire, Lock, Request};
 use crate::lock::event::Event;
+use crate::lock::floor;
 use crate::lock::lease_index::short_id;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
@@ -209,5 +211,52 @@ pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
         Ok(Some(stored)) => waiters::wake_watchers(ctx, key_name, stored.lock(), now),
         Ok(None) => waiters::wake_watchers(ctx, key_name, &Lock::default(), now),
         Err(_) => {}
+    }
+}
+
+/// Grants one key that was found grantable (LOCK.MACQUIRE, a multi-lock waiter): (fence, lock
+/// id, a new grant rather than a refresh).
+pub fn grant_key(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    request: &Request,
+    now: u64,
+) -> Result<(u64, u64, bool), LockError> {
+    let grant = |lock: &mut Lock| lock.grant(request, floor::get(), now);
+    let outcome = match in_key_mut(key)? {
+        Some(stored) => {
+            let mut outcome = Ok(Acquire::Busy);
+            change(ctx, name, stored, now, |lock| {
+                outcome = grant(lock);
+                matches!(
+                    outcome,
+                    Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
+                )
+                .then_some(Event::Acquire)
+            });
+            (outcome, stored.id())
+        }
+        None => {
+            let mut lock = Lock::default();
+            let outcome = grant(&mut lock);
+            if outcome.is_err() {
+                (outcome, 0)
+            } else {
+                key.set_value(&LOCK_TYPE, Stored::granted(lock))
+                    .map_err(|_| LockError::internal("a new lock could not be stored"))?;
+                let stored = in_key_mut(key)?
+                    .ok_or(LockError::internal("a new lock vanished from its key"))?;
+                effects::propagate(ctx, name, Event::Acquire, stored, None);
+                (outcome, stored.id())
+            }
+        }
+    };
+    match outcome {
+        (Ok(Acquire::Granted { fence }), id) => Ok((fence, id, true)),
+        (Ok(Acquire::Refreshed { fence }), id) => Ok((fence, id, false)),
+        // Checked grantable just before, in the same command: cannot happen.
+        (Ok(Acquire::Busy), _) => Err(LockError::internal("a key found free was busy")),
+        (Err(_), _) => Err(LockError::FenceExhausted),
     }
 }

@@ -1,10 +1,12 @@
-//! Server-side waiting: blocking `LOCK.ACQUIRE ... WAIT` and `LOCK.WAIT`, granting the lock to
-//! the head of the queue from the reply callback Redis runs right after a release, and
-//! answering waits that time out or end.
+//! Server-side waiting: blocking `LOCK.ACQUIRE ... WAIT`, `LOCK.MACQUIRE ... WAIT` and
+//! `LOCK.WAIT`, granting the lock (or every lock of a multi-lock waiter at the head of all its
+//! queues) from the reply callback Redis runs right after a release, and answering waits that
+//! time out or end.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
+use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, RedisValue};
 
 use crate::error::LockError;
@@ -12,15 +14,15 @@ use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
-use crate::lock::core::{Acquire, Request};
+use crate::lock::core::{self, Acquire};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::locked;
-use crate::lock::queues::{Ending, Kind, SyncRequest, Tag, Waiter};
+use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
-use crate::service::change::{change, expire_overdue};
+use crate::service::change::{change, expire_overdue, grant_key};
 use crate::service::value::{in_key_mut, Stored};
 use crate::service::waiters;
 
@@ -32,8 +34,9 @@ pub fn block(ctx: &Context, key: &RedisString, timeout: u64, kind: Kind) -> Comm
         key: waiters::key_ref(ctx, key),
         watch: match kind {
             Kind::Watch { fence } => Some(fence),
-            Kind::Acquire(_) => None,
+            Kind::Acquire(_) | Kind::AcquireAll { .. } => None,
         },
+        also: Vec::new(),
     };
     let queued = tag.clone();
     let handle = blocking::block_on_key::<Handoff>(ctx, key, timeout, tag).ok_or(
@@ -64,6 +67,7 @@ pub fn block_for_acks(
         id,
         key: place.clone(),
         watch: None,
+        also: Vec::new(),
     };
     // Blocked on the key like a waiter, but in no queue: signals of the key leave it waiting.
     let client = blocking::block_on_key::<Handoff>(ctx, key, 0, tag).ok_or(LockError::internal(
@@ -92,30 +96,16 @@ impl OnKey for Handoff {
 
     /// A watcher the module woke (see `waiters::wake_watchers`), or a wait that timed out or
     /// was cancelled by `CLIENT UNBLOCK`.
-    fn ended(_ctx: &Context, tag: &Tag) -> CommandResult {
-        match waiters::queues().take_woken(tag.id) {
-            Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
-            Some(Ending::Displaced) => return Err(LockError::Displaced),
-            Some(Ending::Answered(answer)) => return answer.map(RedisValue::Integer),
-            None => {}
-        }
-        // The wait ended (its WAIT timeout, CLIENT UNBLOCK) while replicas had not yet
-        // acknowledged the grant: it is taken back.
-        if let Some(error) = acks::abandon(tag.id) {
-            return Err(error);
-        }
-        waiters::remove(tag);
-        if tag.watch.is_some() {
-            Ok(RedisValue::Integer(0))
-        } else {
-            metrics::ACQUIRE_TIMEOUTS.incr();
-            Ok(RedisValue::Null)
-        }
+    fn ended(ctx: &Context, tag: &Tag) -> CommandResult {
+        let answer = end(tag);
+        settle_others(ctx, tag);
+        answer
     }
 
-    fn disconnected(tag: &Tag) {
+    fn disconnected(ctx: &Context, tag: &Tag) {
         waiters::remove(tag);
         acks::abandon(tag.id);
+        settle_others(ctx, tag);
     }
 
     fn freed(tag: Tag) {
@@ -125,7 +115,144 @@ impl OnKey for Handoff {
     }
 }
 
+/// The answer to a wait that ended without a grant: a watcher woken, a waiter displaced or
+/// answered by the module, or a timeout (or CLIENT UNBLOCK).
+fn end(tag: &Tag) -> CommandResult {
+    match waiters::queues().take_woken(tag.id) {
+        Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
+        Some(Ending::Displaced) => return Err(LockError::Displaced),
+        Some(Ending::Answered(answer)) => return answer.map(RedisValue::Integer),
+        None => {}
+    }
+    // The wait ended (its WAIT timeout, CLIENT UNBLOCK) while replicas had not yet
+    // acknowledged the grant: it is taken back.
+    if let Some(error) = acks::abandon(tag.id) {
+        return Err(error);
+    }
+    waiters::remove(tag);
+    if tag.watch.is_some() {
+        Ok(RedisValue::Integer(0))
+    } else {
+        metrics::ACQUIRE_TIMEOUTS.incr();
+        Ok(RedisValue::Null)
+    }
+}
+
+/// A multi-lock waiter left its queues without a grant: the waiters behind it, which may have
+/// waited only for it, get their turn (Redis serves them after this callback).
+fn settle_others(ctx: &Context, tag: &Tag) {
+    if tag.also.is_empty() {
+        return;
+    }
+    for key in tag.keys() {
+        waiters::signal_ready(ctx, &key_string(ctx, key));
+    }
+}
+
+/// Blocks the calling client on every key of `keys` until it is at the head of all their queues
+/// while every lock is free, then grants them all at once (see `serve_all`), or `timeout` ms
+/// pass (0: no limit).
+pub fn block_all(
+    ctx: &Context,
+    keys: &[RedisString],
+    timeout: u64,
+    request: Request,
+) -> CommandResult {
+    let [first, others @ ..] = keys else {
+        return Err(LockError::WrongArity);
+    };
+    let id = waiters::queues().next_id();
+    let tag = Tag {
+        id,
+        key: waiters::key_ref(ctx, first),
+        watch: None,
+        also: others.iter().map(|k| k.as_slice().into()).collect(),
+    };
+    let queued = tag.clone();
+    let refs: Vec<&RedisString> = keys.iter().collect();
+    let handle = blocking::block_on_keys::<Handoff>(ctx, &refs, timeout, tag).ok_or(
+        LockError::internal("the server refused to block the client"),
+    )?;
+    let waiter = Waiter {
+        id,
+        handle,
+        since: Instant::now(),
+        kind: Kind::AcquireAll {
+            request,
+            keys: keys.iter().map(|k| k.as_slice().into()).collect(),
+        },
+    };
+    waiters::queues().enqueue(&queued, waiter);
+    Ok(RedisValue::NoReply)
+}
+
+/// A multi-lock waiter's turn: granted every key at once when it heads all their queues and
+/// each lock is free (or already its own); otherwise it keeps waiting, holding nothing.
+fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
+    let db = tag.key.0;
+    {
+        let queues = waiters::queues();
+        if !tag.keys().all(|key| queues.is_head(db, key, tag.id)) {
+            return None;
+        }
+    }
+    let token = waiters::queues().token_of(tag)?;
+    let now = now_ms();
+    let names: Vec<RedisString> = tag.keys().map(|key| key_string(ctx, key)).collect();
+    let opened: Vec<RedisKeyWritable> = names.iter().map(|n| ctx.open_key_writable(n)).collect();
+    for (key, name) in opened.iter().zip(&names) {
+        match in_key_mut(key) {
+            Ok(Some(stored)) => {
+                expire_overdue(ctx, name, stored, now);
+                let lock = stored.lock();
+                let own = lock.live_holder(now).is_some_and(|h| *h.token == *token);
+                if !own && !lock.is_available(now) {
+                    return None;
+                }
+            }
+            Ok(None) => {}
+            // Another type took a name: keep waiting for it to become a lock again.
+            Err(_) => return None,
+        }
+    }
+    let waiter = waiters::remove(tag)?;
+    let Kind::AcquireAll { request, .. } = &waiter.kind else {
+        return None;
+    };
+    let grant = core::Request {
+        token: &request.token,
+        ttl: request.ttl,
+        reentrant: false,
+        session: request.session,
+        delay: request.delay,
+    };
+    let waited = u64::try_from(waiter.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+    metrics::ACQUIRE_WAIT.record(waited);
+    let mut fences = Vec::with_capacity(names.len());
+    for (key, name) in opened.iter().zip(&names) {
+        match grant_key(ctx, key, name, &grant, now) {
+            Ok((fence, lock_id, _)) => {
+                if request.session {
+                    sessions::claim(
+                        (db, name.as_slice().into()),
+                        request.client,
+                        &request.token,
+                        lock_id,
+                    );
+                }
+                metrics::ACQUIRED.incr();
+                fences.push(RedisValue::Integer(fence_reply(fence)));
+            }
+            Err(error) => return Some(Err(error)),
+        }
+    }
+    Some(Ok(RedisValue::Array(fences)))
+}
+
 fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
+    if !tag.also.is_empty() {
+        return serve_all(ctx, tag);
+    }
     let (db, name) = &tag.key;
     // Redis offers a freed key to every client blocked on it, so with a crowd this runs once
     // per waiter per release: an acquirer that is not the head of its queue is answered "not
@@ -192,7 +319,7 @@ fn grant_head(
     };
     let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
-    let grant = Request {
+    let grant = core::Request {
         token: &request.token,
         ttl: request.ttl,
         reentrant: request.reentrant,

@@ -9,17 +9,16 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
-use crate::host::server::{client_id, now_ms, parse_integer};
-use crate::lock::core::{Acquire, Lock, Request};
+use crate::host::server::{client_id, may_block, now_ms, parse_integer};
+use crate::lock::core::Request;
 use crate::lock::event::Event;
-use crate::lock::floor;
+use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
-use crate::service::change::{change, expire_overdue, reclaim_if_due};
-use crate::service::effects;
-use crate::service::handoff::fence_reply;
-use crate::service::value::{in_key_mut, Stored, LOCK_TYPE};
+use crate::service::change::{change, expire_overdue, grant_key, reclaim_if_due};
+use crate::service::handoff::{self, fence_reply};
+use crate::service::value::in_key_mut;
 use crate::service::waiters;
 
 /// The most keys one call may name.
@@ -75,7 +74,7 @@ fn counted_keys(
     Ok((keys, tail))
 }
 
-/// `LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [SESSION] [LOCKDELAY ms]`: every key is
+/// `LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [WAIT ms] [SESSION] [LOCKDELAY ms]`: every key is
 /// granted to `token` (or refreshed where the token already holds it) and the reply is their
 /// fences in key order, or nil and nothing changes.
 pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
@@ -89,7 +88,6 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(ctx, options, token_position + 2)?;
     for (given, name) in [
-        (options.wait.is_some(), "WAIT"),
         (options.reentrant, "REENTRANT"),
         (options.sync.is_some(), "SYNC"),
     ] {
@@ -124,11 +122,31 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     if !grantable {
         metrics::ACQUIRE_CONTENDED.incr();
-        return Ok(RedisValue::Null);
+        let Some(timeout) = options.wait.filter(|_| may_block(ctx)) else {
+            return Ok(RedisValue::Null);
+        };
+        let max = crate::config::MAX_WAITERS.get();
+        for name in keys {
+            let (db, key) = waiters::key_ref(ctx, name);
+            let queued = waiters::queues().acquirers_on(db, &key);
+            if i64::try_from(queued).map_or(true, |n| n >= max) {
+                return Err(LockError::TooManyWaiters { max });
+            }
+        }
+        let queued = queues::Request {
+            token: token.into(),
+            ttl,
+            reentrant: false,
+            session: options.session,
+            delay: request.delay,
+            client: client_id(ctx),
+            sync: None,
+        };
+        return handoff::block_all(ctx, keys, timeout, queued);
     }
     let mut fences = Vec::with_capacity(keys.len());
     for (key, name) in opened.iter().zip(keys) {
-        let (fence, lock_id, new) = grant_one(ctx, key, name, &request, now)?;
+        let (fence, lock_id, new) = grant_key(ctx, key, name, &request, now)?;
         if options.session {
             sessions::claim(waiters::key_ref(ctx, name), client_id(ctx), token, lock_id);
         }
@@ -139,52 +157,6 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         fences.push(RedisValue::Integer(fence_reply(fence)));
     }
     Ok(RedisValue::Array(fences))
-}
-
-/// Grants one key that was found grantable: (fence, lock id, a new grant rather than a refresh).
-fn grant_one(
-    ctx: &Context,
-    key: &RedisKeyWritable,
-    name: &RedisString,
-    request: &Request,
-    now: u64,
-) -> Result<(u64, u64, bool), LockError> {
-    let grant = |lock: &mut Lock| lock.grant(request, floor::get(), now);
-    let outcome = match in_key_mut(key)? {
-        Some(stored) => {
-            let mut outcome = Ok(Acquire::Busy);
-            change(ctx, name, stored, now, |lock| {
-                outcome = grant(lock);
-                matches!(
-                    outcome,
-                    Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
-                )
-                .then_some(Event::Acquire)
-            });
-            (outcome, stored.id())
-        }
-        None => {
-            let mut lock = Lock::default();
-            let outcome = grant(&mut lock);
-            if outcome.is_err() {
-                (outcome, 0)
-            } else {
-                key.set_value(&LOCK_TYPE, Stored::granted(lock))
-                    .map_err(|_| LockError::internal("a new lock could not be stored"))?;
-                let stored = in_key_mut(key)?
-                    .ok_or(LockError::internal("a new lock vanished from its key"))?;
-                effects::propagate(ctx, name, Event::Acquire, stored, None);
-                (outcome, stored.id())
-            }
-        }
-    };
-    match outcome {
-        (Ok(Acquire::Granted { fence }), id) => Ok((fence, id, true)),
-        (Ok(Acquire::Refreshed { fence }), id) => Ok((fence, id, false)),
-        // Checked grantable just before, in the same command: cannot happen.
-        (Ok(Acquire::Busy), _) => Err(LockError::internal("a key found free was busy")),
-        (Err(_), _) => Err(LockError::FenceExhausted),
-    }
 }
 
 /// `LOCK.MRELEASE numkeys key [key ...] token`: drops one hold of `token` on each key, as

@@ -428,10 +428,14 @@ fn multi_lock_round(
     };
     let ttl = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
     let start = Instant::now();
-    let reply = call(
-        c,
-        &["LOCK.MACQUIRE", "2", key, other, token, &ttl.to_string()],
-    )?;
+    let ttl_s = ttl.to_string();
+    let wait_s = rng.range(20, 400).to_string();
+    let mut args = vec!["LOCK.MACQUIRE", "2", key, other, token, &ttl_s];
+    // Half of them queue on both keys (granted only at the head of both at once).
+    if rng.chance(50) {
+        args.extend(["WAIT", &wait_s]);
+    }
+    let reply = call(c, &args)?;
     let end = Instant::now();
     let fences: Vec<u64> = match &reply {
         Reply::Array(items) => items.iter().map(|f| f.int() as u64).collect(),

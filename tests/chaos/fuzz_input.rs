@@ -198,6 +198,9 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
                 if rng.chance(20) {
                     w.push("SESSION".into());
                 }
+                if rng.chance(40) {
+                    w.extend(["WAIT".into(), rng.range(1, 5).to_string()]);
+                }
             }
             w
         }
