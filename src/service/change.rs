@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::host::keys;
 use crate::host::server::{is_cluster, selected_db};
 use crate::lock::codec::State;
-use crate::lock::core::{Acquire, Lock, Request};
+use crate::lock::core::{Acquire, FenceExhausted, Lock, Request};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::lease_index::short_id;
@@ -214,6 +214,27 @@ pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
     }
 }
 
+/// Grants `request` on the stored lock (or refreshes the requester's own hold), announced and
+/// replicated as `lock.acquire`; busy changes nothing.
+pub fn grant_stored(
+    ctx: &Context,
+    name: &RedisString,
+    stored: &mut Stored,
+    request: &Request,
+    now: u64,
+) -> Result<Acquire, FenceExhausted> {
+    let mut outcome = Ok(Acquire::Busy);
+    change(ctx, name, stored, now, |lock| {
+        outcome = lock.grant(request, floor::get(), now);
+        matches!(
+            outcome,
+            Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
+        )
+        .then_some(Event::Acquire)
+    });
+    outcome
+}
+
 /// Grants one key that was found grantable (LOCK.MACQUIRE, a multi-lock waiter): (fence, lock
 /// id, a new grant rather than a refresh).
 pub fn grant_key(
@@ -223,23 +244,11 @@ pub fn grant_key(
     request: &Request,
     now: u64,
 ) -> Result<(u64, u64, bool), LockError> {
-    let grant = |lock: &mut Lock| lock.grant(request, floor::get(), now);
     let outcome = match in_key_mut(key)? {
-        Some(stored) => {
-            let mut outcome = Ok(Acquire::Busy);
-            change(ctx, name, stored, now, |lock| {
-                outcome = grant(lock);
-                matches!(
-                    outcome,
-                    Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
-                )
-                .then_some(Event::Acquire)
-            });
-            (outcome, stored.id())
-        }
+        Some(stored) => (grant_stored(ctx, name, stored, request, now), stored.id()),
         None => {
             let mut lock = Lock::default();
-            let outcome = grant(&mut lock);
+            let outcome = lock.grant(request, floor::get(), now);
             if outcome.is_err() {
                 (outcome, 0)
             } else {

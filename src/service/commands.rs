@@ -18,7 +18,9 @@ use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
-use crate::service::change::{change, create_for_waiters, expire_overdue, reclaim_if_due};
+use crate::service::change::{
+    change, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due,
+};
 use crate::service::effects;
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
@@ -103,18 +105,12 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 .lock()
                 .live_holder(now)
                 .is_some_and(|h| *h.token == *token);
-            let mut outcome = Ok(Acquire::Busy);
             // Queued waiters are not overtaken: only their holder may re-acquire.
-            if holds_it || !waiters::queued(ctx, key_name) {
-                change(ctx, key_name, stored, now, |lock| {
-                    outcome = grant(lock);
-                    matches!(
-                        outcome,
-                        Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
-                    )
-                    .then_some(Event::Acquire)
-                });
-            }
+            let outcome = if holds_it || !waiters::queued(ctx, key_name) {
+                grant_stored(ctx, key_name, stored, &request, now)
+            } else {
+                Ok(Acquire::Busy)
+            };
             (outcome, stored.id())
         }
         // The key was deleted a moment ago and acquirers queue for it: a fresh lock for them,

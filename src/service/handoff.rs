@@ -38,12 +38,23 @@ pub fn block(ctx: &Context, key: &RedisString, timeout: u64, kind: Kind) -> Comm
         },
         also: Vec::new(),
     };
+    block_queued(ctx, &[key], timeout, tag, kind)
+}
+
+/// Blocks the calling client on `keys` with `tag`, and queues it as `kind`.
+fn block_queued(
+    ctx: &Context,
+    keys: &[&RedisString],
+    timeout: u64,
+    tag: Tag,
+    kind: Kind,
+) -> CommandResult {
     let queued = tag.clone();
-    let handle = blocking::block_on_key::<Handoff>(ctx, key, timeout, tag).ok_or(
+    let handle = blocking::block_on_keys::<Handoff>(ctx, keys, timeout, tag).ok_or(
         LockError::internal("the server refused to block the client"),
     )?;
     let waiter = Waiter {
-        id,
+        id: queued.id,
         handle,
         since: Instant::now(),
         kind,
@@ -168,22 +179,12 @@ pub fn block_all(
         watch: None,
         also: others.iter().map(|k| k.as_slice().into()).collect(),
     };
-    let queued = tag.clone();
     let refs: Vec<&RedisString> = keys.iter().collect();
-    let handle = blocking::block_on_keys::<Handoff>(ctx, &refs, timeout, tag).ok_or(
-        LockError::internal("the server refused to block the client"),
-    )?;
-    let waiter = Waiter {
-        id,
-        handle,
-        since: Instant::now(),
-        kind: Kind::AcquireAll {
-            request,
-            keys: keys.iter().map(|k| k.as_slice().into()).collect(),
-        },
+    let kind = Kind::AcquireAll {
+        request,
+        keys: keys.iter().map(|k| k.as_slice().into()).collect(),
     };
-    waiters::queues().enqueue(&queued, waiter);
-    Ok(RedisValue::NoReply)
+    block_queued(ctx, &refs, timeout, tag, kind)
 }
 
 /// A multi-lock waiter's turn: granted every key at once when it heads all their queues and

@@ -7,14 +7,17 @@
 #[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+mod support;
 
 use std::thread;
 use std::time::Duration;
 
 use common::cluster::{key_slot, Cluster};
-use common::{fence_of, lock_field, state_of, wait_blocked, wait_for, Reply, Server};
+use common::{fence_of, lock_field, state_of, wait_blocked, wait_for, Reply};
 use redis::cluster::ClusterClient;
 use redis_lock_client::{Error, Lock};
+use support::renews;
 
 fn cluster_client(cluster: &Cluster) -> ClusterClient {
     let nodes: Vec<String> = cluster
@@ -23,18 +26,6 @@ fn cluster_client(cluster: &Cluster) -> ClusterClient {
         .map(|n| format!("redis://127.0.0.1:{}/", n.port))
         .collect();
     ClusterClient::new(nodes).expect("cluster client")
-}
-
-fn renews(server: &Server) -> i64 {
-    server
-        .info_field("commandstats", "cmdstat_lock.renew")
-        .and_then(|stats| {
-            stats
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 // Slot migration under a held lock (a client that does not follow MOVED/ASK loses a lock that

@@ -7,6 +7,8 @@
 #[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+mod support;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,22 +19,7 @@ use std::time::Duration;
 use common::{fence_of, lock_field, lock_info, state_of, Reply, Server};
 use redis::{ConnectionLike, RedisResult, Value};
 use redis_lock_client::{BoxedConnection, Connector, Error, Lock};
-
-fn client(server: &Server) -> redis::Client {
-    redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client")
-}
-
-fn calls(server: &Server, command: &str) -> i64 {
-    server
-        .info_field("commandstats", &format!("cmdstat_{command}"))
-        .and_then(|stats| {
-            stats
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
+use support::{calls, client};
 
 // Guard basics: the fence is the server's, drop releases with the token, and a refused
 // acquire never runs the body (redis-py #621: code ran although the lock was not acquired).

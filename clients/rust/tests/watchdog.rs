@@ -7,6 +7,8 @@
 #[allow(dead_code)]
 #[path = "../../../tests/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -16,27 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{fence_of, lock_field, lock_info, state_of, wait_for, Reply, Server};
 use redis_lock_client::{Error, Lock, LostReason};
-
-fn client(server: &Server) -> redis::Client {
-    redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client")
-}
-
-/// `calls` of a command in INFO commandstats (0 before its first call).
-fn calls(server: &Server, command: &str) -> i64 {
-    server
-        .info_field("commandstats", &format!("cmdstat_{command}"))
-        .and_then(|stats| {
-            stats
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn renews(server: &Server) -> i64 {
-    calls(server, "lock.renew")
-}
+use support::{client, renews};
 
 /// Asserts the renew count stays at `expected` for `window` (an observation window, not a
 /// synchronization: nothing is waited for).
