@@ -173,8 +173,11 @@ fn flushall_of_held_locks_keeps_gauges_true_and_server_healthy() {
     }
     assert_eq!(server.info_int("lock_held"), 20);
     assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
-    assert_eq!(server.info_int("lock_held"), 0);
-    assert_eq!(server.info_int("lock_keys"), 0);
+    // Valkey frees flushed values in the background by default (lazyfree-lazy-user-flush): the
+    // gauges fall as it does, on Redis by the time of the reply.
+    wait_for("the gauges to reach 0 after FLUSHALL", || {
+        (server.info_int("lock_held") == 0 && server.info_int("lock_keys") == 0).then_some(())
+    });
     acquire(&mut c, "after", "t", 100);
     wait_until_expired(&server, 1);
     assert_eq!(server.info_int("lock_expired"), 1);
