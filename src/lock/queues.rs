@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::error::LockError;
+use crate::lock::core;
 use crate::lock::KeyRef;
 use crate::metrics;
 
@@ -40,6 +41,19 @@ pub struct Request {
     pub delay: u64,
     pub client: u64,
     pub sync: Option<SyncRequest>,
+}
+
+impl Request {
+    /// What the lock core is asked to grant for this waiter.
+    pub fn grant(&self) -> core::Request<'_> {
+        core::Request {
+            token: &self.token,
+            ttl: self.ttl,
+            reentrant: self.reentrant,
+            session: self.session,
+            delay: self.delay,
+        }
+    }
 }
 
 #[derive(Debug)]

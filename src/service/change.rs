@@ -214,6 +214,41 @@ pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
     }
 }
 
+/// Drops one hold of `token` on the lock in `key`, as LOCK.RELEASE does: announced and
+/// replicated, handed over and reclaimed when it freed the lock, counted either way. True when
+/// `token` held it.
+pub fn release_key(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    token: &[u8],
+    now: u64,
+) -> Result<bool, LockError> {
+    let mut released = None;
+    if let Some(stored) = in_key_mut(key)? {
+        expire_overdue(ctx, name, stored, now);
+        change(ctx, name, stored, now, |lock| {
+            released = lock.release(token, now);
+            released.map(|free| {
+                if free {
+                    Event::Release
+                } else {
+                    Event::DropHold
+                }
+            })
+        });
+    }
+    if released == Some(true) {
+        reclaim_if_due(ctx, key, name, now);
+    }
+    if released.is_some() {
+        metrics::RELEASED.incr();
+    } else {
+        metrics::RELEASE_MISMATCH.incr();
+    }
+    Ok(released.is_some())
+}
+
 /// Grants `request` on the stored lock (or refreshes the requester's own hold), announced and
 /// replicated as `lock.acquire`; busy changes nothing.
 pub fn grant_stored(

@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{
-    change, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due,
+    change, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due, release_key,
 };
 use crate::service::effects;
 use crate::service::guard::guard;
@@ -194,36 +194,9 @@ fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     };
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
-    let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let released = match in_key_mut(&key)? {
-        Some(stored) => {
-            expire_overdue(ctx, key_name, stored, now);
-            let mut released = None;
-            change(ctx, key_name, stored, now, |lock| {
-                released = lock.release(token, now);
-                released.map(|free| {
-                    if free {
-                        Event::Release
-                    } else {
-                        Event::DropHold
-                    }
-                })
-            });
-            released
-        }
-        None => None,
-    };
-    if released == Some(true) {
-        reclaim_if_due(ctx, &key, key_name, now);
-    }
-    if released.is_some() {
-        metrics::RELEASED.incr();
-        Ok(RedisValue::Integer(1))
-    } else {
-        metrics::RELEASE_MISMATCH.incr();
-        Ok(RedisValue::Integer(0))
-    }
+    let released = release_key(ctx, &key, key_name, token, now_ms())?;
+    Ok(RedisValue::Integer(i64::from(released)))
 }
 
 /// `LOCK.RENEW key token ttl-ms [SYNC numreplicas timeout-ms]`

@@ -14,7 +14,7 @@ use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
-use crate::lock::core::{self, Acquire};
+use crate::lock::core::Acquire;
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::locked;
@@ -220,13 +220,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let Kind::AcquireAll { request, .. } = &waiter.kind else {
         return None;
     };
-    let grant = core::Request {
-        token: &request.token,
-        ttl: request.ttl,
-        reentrant: false,
-        session: request.session,
-        delay: request.delay,
-    };
+    let grant = request.grant();
     let waited = u64::try_from(waiter.since.elapsed().as_micros()).unwrap_or(u64::MAX);
     metrics::ACQUIRE_WAIT.record(waited);
     let mut fences = Vec::with_capacity(names.len());
@@ -320,13 +314,7 @@ fn grant_head(
     };
     let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
-    let grant = core::Request {
-        token: &request.token,
-        ttl: request.ttl,
-        reentrant: request.reentrant,
-        session: request.session,
-        delay: request.delay,
-    };
+    let grant = request.grant();
     change(ctx, key_name, stored, now, |lock| {
         outcome = lock.grant(&grant, floor::get(), now);
         matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)

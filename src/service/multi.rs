@@ -11,12 +11,11 @@ use crate::host::command::CommandResult;
 use crate::host::keys::redact;
 use crate::host::server::{client_id, may_block, now_ms, parse_integer};
 use crate::lock::core::Request;
-use crate::lock::event::Event;
 use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
-use crate::service::change::{change, expire_overdue, grant_key, reclaim_if_due};
+use crate::service::change::{expire_overdue, grant_key, release_key};
 use crate::service::handoff::{self, fence_reply};
 use crate::service::value::in_key_mut;
 use crate::service::waiters;
@@ -175,32 +174,7 @@ pub fn mrelease(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let mut released = 0;
     for (key, name) in opened.iter().zip(keys) {
-        let Some(stored) = in_key_mut(key)? else {
-            metrics::RELEASE_MISMATCH.incr();
-            continue;
-        };
-        expire_overdue(ctx, name, stored, now);
-        let mut outcome = None;
-        change(ctx, name, stored, now, |lock| {
-            outcome = lock.release(token, now);
-            outcome.map(|free| {
-                if free {
-                    Event::Release
-                } else {
-                    Event::DropHold
-                }
-            })
-        });
-        match outcome {
-            Some(freed) => {
-                released += 1;
-                metrics::RELEASED.incr();
-                if freed {
-                    reclaim_if_due(ctx, key, name, now);
-                }
-            }
-            None => metrics::RELEASE_MISMATCH.incr(),
-        }
+        released += i64::from(release_key(ctx, key, name, token, now)?);
     }
     Ok(RedisValue::Integer(released))
 }

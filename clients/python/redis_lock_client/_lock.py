@@ -245,8 +245,6 @@ class Lock:
         self._token = None
         try:
             return self._call("LOCK.RELEASE", self.key, token) == 1
-        except LockUnknown:
-            raise
         finally:
             self._lease_end = 0.0
 

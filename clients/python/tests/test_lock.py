@@ -63,7 +63,9 @@ class LostReply:
         return reply
 
 
-class FailureCases(unittest.TestCase):
+class OneServer(unittest.TestCase):
+    """Tests sharing one server (each uses keys of its own)."""
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.server = Server()
@@ -73,6 +75,9 @@ class FailureCases(unittest.TestCase):
     def tearDownClass(cls) -> None:
         cls.r.close()
         cls.server.stop()
+
+
+class FailureCases(OneServer):
 
     def both(self, case) -> None:
         self.assertEqual(case(Lock), [], "the helper")
@@ -239,17 +244,7 @@ class FailureCases(unittest.TestCase):
         self.both(case)
 
 
-class Guard(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.server = Server()
-        cls.r = cls.server.client()
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.r.close()
-        cls.server.stop()
-
+class Guard(OneServer):
     def test_with_block_holds_the_lock_and_releases_it(self) -> None:
         key = fresh_key()
         with Lock(self.r, key, 10000) as lock:
