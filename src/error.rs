@@ -4,6 +4,8 @@ use std::fmt;
 
 use redis_module::RedisError;
 
+use crate::lock::core::Refused;
+
 /// One variant per reply a client may get; [`LockError::reply`] is the exact text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockError {
@@ -63,6 +65,16 @@ pub enum LockError {
     GuardNoPerm,
     /// LOCK.GUARD: a command it must not run, and why.
     Unguardable(&'static str),
+    /// A shared holder asked for the lock exclusive.
+    Upgrade,
+    /// LIMIT on a key held as a lock, exclusive or shared.
+    NotSemaphore,
+    /// The key is a semaphore of `limit` permits; the request asked otherwise.
+    SemaphoreLimit {
+        limit: u32,
+    },
+    /// An option that only exclusive holds take, given with SHARED or LIMIT.
+    ExclusiveOnly(&'static str),
     /// Something that should not happen (a bug, or the server refusing what it never refuses):
     /// what it was goes to the server log when the error is replied.
     Internal(&'static str),
@@ -128,6 +140,19 @@ impl LockError {
                  command with these arguments"
                 .into(),
             LockError::Unguardable(why) => format!("ERR LOCK.GUARD cannot run this command: {why}"),
+            LockError::Upgrade => "ERR this token holds the lock shared: an upgrade to \
+                 exclusive is refused, as two upgrades would wait for each other forever; \
+                 release it and acquire again"
+                .into(),
+            LockError::NotSemaphore => {
+                "ERR the lock is held as a lock, not a semaphore: LIMIT does not apply".into()
+            }
+            LockError::SemaphoreLimit { limit } => format!(
+                "ERR the key is a semaphore of {limit} permits: acquire it with LIMIT {limit}"
+            ),
+            LockError::ExclusiveOnly(option) => {
+                format!("ERR option {option} applies to exclusive holds only, not SHARED or LIMIT")
+            }
             LockError::Internal(_) => {
                 "ERR internal error in the lock module; details are in the server log".into()
             }
@@ -137,6 +162,17 @@ impl LockError {
     /// An internal error; `what` is logged when it is replied.
     pub fn internal(what: &'static str) -> LockError {
         LockError::Internal(what)
+    }
+}
+
+impl From<Refused> for LockError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::FenceExhausted => LockError::FenceExhausted,
+            Refused::Upgrade => LockError::Upgrade,
+            Refused::NotSemaphore => LockError::NotSemaphore,
+            Refused::Semaphore { limit } => LockError::SemaphoreLimit { limit },
+        }
     }
 }
 

@@ -55,6 +55,9 @@ const SYNC: ArgDef = ArgDef::new(
 .token(c"SYNC")
 .optional();
 
+/// The complexity of a command on one key: a shared lock or a semaphore is looked through.
+const PER_HOLDER: &CStr = c"O(1), or O(N) for a key with N shared or permit holders";
+
 pub static COMMANDS: &[CommandDef] = &[
     CommandDef {
         name: c"lock.acquire",
@@ -63,7 +66,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: -4,
         keys: Keys::First(KeyAccess::ReadWrite),
         summary: c"Takes the lock for a token and returns its fence, or nil when another token holds it.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[
             KEY,
             TOKEN,
@@ -73,6 +76,14 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
             SYNC,
             ArgDef::new(c"lock-delay", ArgKind::Integer).token(c"LOCKDELAY").optional(),
+            ArgDef::new(
+                c"mode",
+                ArgKind::OneOf(&[
+                    ArgDef::new(c"shared", ArgKind::PureToken).token(c"SHARED"),
+                    ArgDef::new(c"limit", ArgKind::Integer).token(c"LIMIT"),
+                ]),
+            )
+            .optional(),
         ],
         acl: c"",
     },
@@ -83,7 +94,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: 3,
         keys: Keys::First(KeyAccess::ReadWrite),
         summary: c"Drops one hold of the lock if the token holds it; at zero holds the lock is free.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY, TOKEN],
         acl: c"",
     },
@@ -94,7 +105,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: -4,
         keys: Keys::First(KeyAccess::ReadWrite),
         summary: c"Extends the lease to ttl-ms from now if the token holds the lock.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY, TOKEN, TTL, SYNC],
         acl: c"",
     },
@@ -105,7 +116,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: 3,
         keys: Keys::First(KeyAccess::Read),
         summary: c"Tells whether a fence belongs to the current, unexpired holder of the lock.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY, ArgDef::new(c"fence", ArgKind::Integer)],
         acl: c"",
     },
@@ -116,7 +127,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: 3,
         keys: Keys::First(KeyAccess::Read),
         summary: c"Waits, without taking the lock, until the current grant ends; 1 when it did, 0 on timeout.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY, ArgDef::new(c"timeout-ms", ArgKind::Integer)],
         acl: c"",
     },
@@ -127,7 +138,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: 2,
         keys: Keys::First(KeyAccess::Read),
         summary: c"Shows a lock's state, last fence, remaining lease, holds, waiters and session flag; never the token.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY],
         acl: c"",
     },
@@ -138,7 +149,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: 2,
         keys: Keys::First(KeyAccess::Update),
         summary: c"Frees the lock whoever holds it (operators only).",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[KEY],
         acl: c"dangerous",
     },
@@ -199,7 +210,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: -3,
         keys: Keys::First(KeyAccess::Overwrite),
         summary: c"Internal: applies a lock state change sent by the primary or read from the AOF.",
-        complexity: c"O(1)",
+        complexity: PER_HOLDER,
         args: &[
             KEY,
             ArgDef::new(c"state", ArgKind::String),

@@ -157,6 +157,9 @@ pub static DELAYED: Counter = Counter::new();
 /// LOCK.GUARD: commands run under a current fence, and calls refused for a stale one.
 pub static GUARDED: Counter = Counter::new();
 pub static GUARD_REJECTS: Counter = Counter::new();
+/// New shared holds, and new permits of semaphores (both also counted in `ACQUIRED`).
+pub static SHARED_GRANTS: Counter = Counter::new();
+pub static PERMIT_GRANTS: Counter = Counter::new();
 
 /// The fields of `INFO lock`, in order, without the `lock_` prefix Redis adds.
 pub fn fields() -> Vec<(&'static str, i64)> {
@@ -184,6 +187,8 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("delayed", c(&DELAYED)),
         ("guarded", c(&GUARDED)),
         ("guard_rejects", c(&GUARD_REJECTS)),
+        ("shared_grants", c(&SHARED_GRANTS)),
+        ("permit_grants", c(&PERMIT_GRANTS)),
         ("acquire_wait_p50_us", us(ACQUIRE_WAIT.quantile(0.5))),
         ("acquire_wait_p99_us", us(ACQUIRE_WAIT.quantile(0.99))),
         ("acquire_wait_max_us", us(ACQUIRE_WAIT.max())),

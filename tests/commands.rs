@@ -174,7 +174,7 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
     let fence = acquire(&mut c, "k", "secret-token-123", 10_000);
     let resp2 = c.call(&["LOCK.INFO", "k"]);
     let items = resp2.items();
-    assert_eq!(items.len(), 16);
+    assert_eq!(items.len(), 26);
     let names: Vec<String> = items.iter().step_by(2).map(Reply::text).collect();
     assert_eq!(
         names,
@@ -186,7 +186,12 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
             "waiters",
             "session",
             "lock_delay",
-            "delay_ttl"
+            "delay_ttl",
+            "mode",
+            "holders",
+            "limit",
+            "waiters_exclusive",
+            "waiters_shared"
         ]
     );
     assert_eq!(items[1], Reply::status("held"));
@@ -196,6 +201,11 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
     assert_eq!(items[11], Reply::Int(0));
     assert_eq!(items[13], Reply::Int(0));
     assert_eq!(items[15], Reply::Int(-1));
+    assert_eq!(items[17], Reply::status("exclusive"));
+    assert_eq!(items[19], Reply::Int(1));
+    assert_eq!(items[21], Reply::Int(0));
+    assert_eq!(items[23], Reply::Int(0));
+    assert_eq!(items[25], Reply::Int(0));
     assert!(!resp2.contains_bytes(b"secret-token-123"));
 
     let mut c3 = server.conn3();
@@ -203,7 +213,7 @@ fn info_replies_flat_array_in_resp2_and_map_in_resp3_without_token() {
     let Reply::Map(pairs) = &resp3 else {
         panic!("expected a map, got {resp3:?}")
     };
-    assert_eq!(pairs.len(), 8);
+    assert_eq!(pairs.len(), 13);
     assert_eq!(pairs[0], (Reply::status("state"), Reply::status("held")));
     assert_eq!(pairs[1], (Reply::status("fence"), Reply::Int(fence)));
     assert!(!resp3.contains_bytes(b"secret-token-123"));
@@ -298,7 +308,7 @@ fn bad_tokens_and_options_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"],
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC or LOCKDELAY)",
+            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED or LIMIT)",
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"],

@@ -251,7 +251,7 @@ fn fence_and_info_work_on_the_replica() {
     assert_eq!(r.call(&["LOCK.INFO", "missing"]), Reply::Nil);
     let info = r.call(&["LOCK.INFO", "k"]);
     let items = info.items();
-    assert_eq!(items.len(), 16);
+    assert_eq!(items.len(), 26);
     assert_eq!(items[0], Reply::status("state"));
     assert_eq!(items[1], Reply::status("held"));
     assert_eq!(items[3], Reply::Int(fence));

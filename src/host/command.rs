@@ -178,6 +178,8 @@ pub enum ArgKind {
     PureToken,
     /// Several arguments after one token, e.g. `SYNC numreplicas timeout-ms`.
     Block(&'static [ArgDef]),
+    /// One of several arguments, e.g. `SHARED | LIMIT n`.
+    OneOf(&'static [ArgDef]),
 }
 
 /// One argument as COMMAND DOCS shows it.
@@ -237,6 +239,10 @@ impl ArgDef {
             ),
             ArgKind::Block(args) => (
                 raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK,
+                Some(raw_args(args, storage)),
+            ),
+            ArgKind::OneOf(args) => (
+                raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF,
                 Some(raw_args(args, storage)),
             ),
         };

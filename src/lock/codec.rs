@@ -2,17 +2,20 @@
 //!
 //! - **RDB** (also DUMP/RESTORE/MIGRATE): fence, holder flag, then (when held) token, deadline,
 //!   holds, a flags word and (flag bit 1) the grant's lock-delay; (holder flag 2) a free lock's
-//!   lock-delay end. Versioned: a newer version is refused.
+//!   lock-delay end; (holder flag 3) a group: its limit, its number of members, and per member
+//!   its fence, token and the holder fields. Versioned: a newer version is refused.
 //! - **Digest** (`DEBUG DIGEST`): the same fields in the same order.
 //! - **Effect** (`LOCK.APPLY key state [token]`, to replicas and the AOF): the state
 //!   `event:fence:floor[:deadline:holds:flags[:delay]]` as one argument (a free lock in a
-//!   lock-delay: `event:fence:floor:until`), the binary-safe token as the next.
+//!   lock-delay: `event:fence:floor:until`), the binary-safe token as the next. A lock with a
+//!   group: `event:fence:floor:g:limit`, then per member `fence:deadline:holds:flags` and its
+//!   token.
 //!
 //! Every form writes the holder's fields through [`holder_fields`] and reads them back through
 //! [`holder_from`], so they cannot disagree on what a valid holder is.
 
 use crate::error::LockError;
-use crate::lock::core::{Holder, Lock, MAX_FENCE};
+use crate::lock::core::{Group, Holder, Lock, Member, MAX_FENCE};
 use crate::lock::event::Event;
 use crate::lock::floor;
 
@@ -20,10 +23,11 @@ use crate::lock::floor;
 /// deadline, holds and a flags word (bit 0: session). Version 2 adds the lock-delay: flags bit 1
 /// (a delay field follows the flags), and holder flag 2 (free, with the end of a running
 /// lock-delay following). A lock without lock-delay is written exactly as in version 1, and
-/// version 1 values still load. Part of every RDB file that holds a lock.
-pub const ENCODING_VERSION: i32 = 2;
+/// version 1 values still load. Version 3 adds shared and permit holders (holder flag 3); a lock
+/// without them is written as in version 2. Part of every RDB file that holds a lock.
+pub const ENCODING_VERSION: i32 = 3;
 /// The newest encoding version of the RDB aux field (the fence floor). Redis hands the aux field
-/// the type's encoding version: the floor is written the same way in versions 1 and 2.
+/// the type's encoding version: the floor is written the same way in every version.
 pub const AUX_VERSION: i32 = ENCODING_VERSION;
 
 const FLAG_SESSION: u64 = 1;
@@ -33,6 +37,12 @@ const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY;
 
 /// The holder flag of a free lock in a lock-delay (its end follows).
 const FREE_DELAYED: u64 = 2;
+/// The holder flag of a lock with shared or permit holders, or of a semaphore (version 3).
+const GROUP: u64 = 3;
+
+/// The most members a loaded group may claim before its members are read (a bound on what a
+/// corrupt count could make the loader allocate up front).
+const PREALLOCATE_MAX: u64 = 1024;
 
 /// A holder's numeric fields, in every form's order: deadline, holds, flags, and the delay when
 /// flags say so.
@@ -112,6 +122,19 @@ impl DecodeError {
 /// Writes `lock` as RDB fields (also the digest's order).
 pub fn save(lock: &Lock, out: &mut impl Sink) {
     out.unsigned(lock.fence);
+    if let Some(group) = lock.group.as_deref() {
+        out.unsigned(GROUP);
+        out.unsigned(u64::from(group.limit));
+        out.unsigned(group.members.len() as u64);
+        for member in &group.members {
+            out.unsigned(member.fence);
+            out.bytes(&member.holder.token);
+            for field in holder_fields(&member.holder) {
+                out.unsigned(field);
+            }
+        }
+        return;
+    }
     match &lock.holder {
         None if lock.delayed_until > 0 => {
             out.unsigned(FREE_DELAYED);
@@ -139,6 +162,7 @@ pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> 
         return Err(DecodeError::Invalid("fence out of range"));
     }
     let mut delayed_until = 0;
+    let mut group = None;
     let holder = match next()? {
         0 => None,
         FREE_DELAYED if version >= 2 => {
@@ -146,27 +170,78 @@ pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> 
             None
         }
         1 => {
-            let token = input.bytes().ok_or(DecodeError::ShortRead)?;
-            let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
-            let (deadline, holds, flags) = (next()?, next()?, next()?);
-            if version < 2 && flags & FLAG_DELAY != 0 {
-                return Err(DecodeError::Invalid("unknown holder flags"));
-            }
-            let delay = if flags & FLAG_DELAY != 0 { next()? } else { 0 };
-            let holder =
-                holder_from(&token, deadline, holds, flags, delay).map_err(DecodeError::Invalid)?;
             if fence == 0 {
                 return Err(DecodeError::Invalid("held lock without a fence"));
             }
-            Some(holder)
+            Some(load_holder(version, input)?)
+        }
+        GROUP if version >= 3 => {
+            group = Some(Box::new(load_group(fence, version, input)?));
+            None
         }
         _ => return Err(DecodeError::Invalid("bad holder flag")),
     };
     Ok(Lock {
         fence,
         holder,
+        group,
         delayed_until,
     })
+}
+
+/// Reads a holder's token and fields.
+fn load_holder(version: i32, input: &mut impl Source) -> Result<Holder, DecodeError> {
+    let token = input.bytes().ok_or(DecodeError::ShortRead)?;
+    let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
+    let (deadline, holds, flags) = (next()?, next()?, next()?);
+    if version < 2 && flags & FLAG_DELAY != 0 {
+        return Err(DecodeError::Invalid("unknown holder flags"));
+    }
+    let delay = if flags & FLAG_DELAY != 0 { next()? } else { 0 };
+    holder_from(&token, deadline, holds, flags, delay).map_err(DecodeError::Invalid)
+}
+
+/// Reads a group: limit, count, members.
+fn load_group(fence: u64, version: i32, input: &mut impl Source) -> Result<Group, DecodeError> {
+    let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
+    let limit = u32::try_from(next()?).map_err(|_| DecodeError::Invalid("limit out of range"))?;
+    let count = next()?;
+    let mut members = Vec::with_capacity(count.min(PREALLOCATE_MAX) as usize);
+    for _ in 0..count {
+        let member_fence = input.unsigned().ok_or(DecodeError::ShortRead)?;
+        let holder = load_holder(version, input)?;
+        members.push(Member {
+            fence: member_fence,
+            holder,
+        });
+    }
+    let group = Group { limit, members };
+    check_group(fence, &group).map_err(DecodeError::Invalid)?;
+    Ok(group)
+}
+
+/// What is wrong with a decoded group, if anything: members' fences must be positive, increase
+/// and not exceed the key's fence; a group without a limit must have members; tokens differ.
+fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
+    if group.limit == 0 && group.members.is_empty() {
+        return Err("empty group without a limit");
+    }
+    let mut last = 0;
+    for member in &group.members {
+        if member.fence <= last || member.fence > fence {
+            return Err("member fence out of order");
+        }
+        if member.holder.delay > 0 {
+            return Err("lock-delay on a shared hold");
+        }
+        last = member.fence;
+    }
+    let mut tokens: Vec<&[u8]> = group.members.iter().map(|m| &*m.holder.token).collect();
+    tokens.sort_unstable();
+    if tokens.windows(2).any(|pair| pair[0] == pair[1]) {
+        return Err("one token holds twice");
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -189,6 +264,11 @@ impl State {
         state.push(event.word().to_bytes());
         state.number(lock.fence);
         state.number(floor::get().max(lock.fence));
+        if let Some(group) = lock.group.as_deref() {
+            state.push(b":g");
+            state.number(u64::from(group.limit));
+            return state;
+        }
         match &lock.holder {
             Some(holder) => {
                 for field in holder_fields(holder) {
@@ -242,11 +322,26 @@ impl State {
     }
 }
 
-/// The arguments of `LOCK.APPLY` after the key: the state, and the token when held.
+/// A member's state argument in an effect: `fence:deadline:holds:flags`.
+pub fn member_state(member: &Member) -> Vec<u8> {
+    let mut text = member.fence.to_string();
+    for field in holder_fields(&member.holder) {
+        text.push(':');
+        text.push_str(&field.to_string());
+    }
+    text.into_bytes()
+}
+
+/// The arguments of `LOCK.APPLY` after the key: the state, and the token when held; with a
+/// group, each member's state and token.
 pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
     let mut args = vec![State::of(event, lock).as_bytes().to_vec()];
     if let Some(holder) = &lock.holder {
         args.push(holder.token.to_vec());
+    }
+    for member in lock.members() {
+        args.push(member_state(member));
+        args.push(member.holder.token.to_vec());
     }
     args
 }
@@ -268,21 +363,19 @@ fn number(field: Option<&[u8]>, what: &'static str) -> Result<u64, LockError> {
 
 /// Parses the arguments of `LOCK.APPLY` after the key.
 pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
-    let (state, token) = match args {
-        [state] => (state, None),
-        [state, token] => (state, Some(token)),
+    let [state, rest @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    if state.split(|b| *b == b':').nth(3) == Some(b"g") {
+        return parse_group_effect(state, rest);
+    }
+    let token = match rest {
+        [] => None,
+        [token] => Some(token),
         _ => return Err(LockError::WrongArity),
     };
     let mut fields = state.split(|b| *b == b':');
-    let event = fields
-        .next()
-        .and_then(Event::parse)
-        .ok_or(LockError::BadEffect("unknown event"))?;
-    let fence = number(fields.next(), "fence")?;
-    let floor = number(fields.next(), "floor")?;
-    if fence > MAX_FENCE || floor > MAX_FENCE {
-        return Err(LockError::BadEffect("fence out of range"));
-    }
+    let (event, fence, floor) = effect_head(&mut fields)?;
     let mut delayed_until = 0;
     let holder = match token {
         None => {
@@ -311,7 +404,76 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
         lock: Lock {
             fence,
             holder,
+            group: None,
             delayed_until,
+        },
+        floor,
+    })
+}
+
+/// The event, fence and floor at the head of an effect's state.
+fn effect_head<'a>(
+    fields: &mut impl Iterator<Item = &'a [u8]>,
+) -> Result<(Event, u64, u64), LockError> {
+    let event = fields
+        .next()
+        .and_then(Event::parse)
+        .ok_or(LockError::BadEffect("unknown event"))?;
+    let fence = number(fields.next(), "fence")?;
+    let floor = number(fields.next(), "floor")?;
+    if fence > MAX_FENCE || floor > MAX_FENCE {
+        return Err(LockError::BadEffect("fence out of range"));
+    }
+    Ok((event, fence, floor))
+}
+
+/// Parses the effect of a lock with a group: `event:fence:floor:g:limit`, then per member its
+/// state and token.
+fn parse_group_effect(state: &[u8], members: &[&[u8]]) -> Result<Effect, LockError> {
+    let mut fields = state.split(|b| *b == b':');
+    let (event, fence, floor) = effect_head(&mut fields)?;
+    fields.next();
+    let limit = u32::try_from(number(fields.next(), "limit")?)
+        .map_err(|_| LockError::BadEffect("limit"))?;
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    if members.len() % 2 != 0 {
+        return Err(LockError::WrongArity);
+    }
+    let mut group = Group {
+        limit,
+        members: Vec::with_capacity(members.len() / 2),
+    };
+    for pair in members.chunks_exact(2) {
+        let mut fields = pair[0].split(|b| *b == b':');
+        let member_fence = number(fields.next(), "fence")?;
+        let deadline = number(fields.next(), "deadline")?;
+        let holds = number(fields.next(), "holds")?;
+        let flags = number(fields.next(), "flags")?;
+        let delay = if flags & FLAG_DELAY != 0 {
+            number(fields.next(), "lock-delay")?
+        } else {
+            0
+        };
+        if fields.next().is_some() {
+            return Err(LockError::BadEffect("extra fields"));
+        }
+        let holder =
+            holder_from(pair[1], deadline, holds, flags, delay).map_err(LockError::BadEffect)?;
+        group.members.push(Member {
+            fence: member_fence,
+            holder,
+        });
+    }
+    check_group(fence, &group).map_err(LockError::BadEffect)?;
+    Ok(Effect {
+        event,
+        lock: Lock {
+            fence,
+            holder: None,
+            group: Some(Box::new(group)),
+            delayed_until: 0,
         },
         floor,
     })
@@ -356,6 +518,7 @@ mod tests {
                 session: true,
                 delay: 0,
             }),
+            group: None,
             delayed_until: 0,
         }
     }
@@ -367,6 +530,7 @@ mod tests {
             Lock {
                 fence: 5,
                 holder: None,
+                group: None,
                 delayed_until: 0,
             },
         ] {
@@ -388,6 +552,7 @@ mod tests {
         let free = Lock {
             fence: 78,
             holder: None,
+            group: None,
             delayed_until: 1_764_000_005_000,
         };
         [held, free]
@@ -472,6 +637,7 @@ mod tests {
                 session: true,
                 delay: 0,
             }),
+            group: None,
             delayed_until: 0,
         };
         let state = State::of(Event::Acquire, &held);
@@ -483,6 +649,7 @@ mod tests {
             &Lock {
                 fence: 0,
                 holder: None,
+                group: None,
                 delayed_until: 0,
             },
         );
@@ -499,6 +666,7 @@ mod tests {
             Lock {
                 fence: 9,
                 holder: None,
+                group: None,
                 delayed_until: 0,
             },
         );
@@ -513,6 +681,7 @@ mod tests {
                     session: true,
                     delay: 0,
                 }),
+                group: None,
                 delayed_until: 0,
             },
         );
@@ -534,6 +703,86 @@ mod tests {
             &[b"acquire:1:1:5:1:4:0", b"tok"],
             &[b"acquire:1:1:5:1:0:9", b"tok"],
             &[b"acquire:1:1", b"tok", b"extra"],
+        ];
+        for args in bad {
+            assert!(parse_effect(args).is_err(), "{args:?}");
+        }
+    }
+
+    fn grouped(limit: u32) -> Lock {
+        let member = |fence, token: &[u8], session| Member {
+            fence,
+            holder: Holder {
+                token: token.into(),
+                deadline: 1_764_000_000_000 + fence,
+                holds: 1,
+                session,
+                delay: 0,
+            },
+        };
+        Lock {
+            fence: 90,
+            holder: None,
+            group: Some(Box::new(Group {
+                limit,
+                members: vec![member(80, b"r\0one", true), member(90, b"two", false)],
+            })),
+            delayed_until: 0,
+        }
+    }
+
+    #[test]
+    fn shared_holders_and_semaphores_round_trip_in_rdb_and_effects() {
+        let mut free_semaphore = grouped(5);
+        if let Some(group) = free_semaphore.group.as_deref_mut() {
+            group.members.clear();
+        }
+        for lock in [grouped(0), grouped(3), free_semaphore] {
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert_eq!(load(ENCODING_VERSION, &mut fields), Ok(lock.clone()));
+            assert!(fields.0.is_empty());
+            // Version 2 knew no groups: refused, not misread.
+            let mut old = Fields::default();
+            save(&lock, &mut old);
+            assert_eq!(
+                load(2, &mut old),
+                Err(DecodeError::Invalid("bad holder flag"))
+            );
+            round_trip(Event::Acquire, lock);
+        }
+    }
+
+    #[test]
+    fn malformed_groups_are_refused() {
+        let mut disordered = grouped(0);
+        if let Some(group) = disordered.group.as_deref_mut() {
+            group.members.reverse();
+        }
+        let mut twice = grouped(0);
+        if let Some(group) = twice.group.as_deref_mut() {
+            group.members[1].holder.token = group.members[0].holder.token.clone();
+        }
+        let mut empty = grouped(0);
+        if let Some(group) = empty.group.as_deref_mut() {
+            group.members.clear();
+        }
+        for lock in [disordered, twice, empty] {
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert!(matches!(
+                load(ENCODING_VERSION, &mut fields),
+                Err(DecodeError::Invalid(_))
+            ));
+            let args = effect_args(Event::Acquire, &lock);
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            assert!(parse_effect(&refs).is_err());
+        }
+        let bad: [&[&[u8]]; 4] = [
+            &[b"acquire:9:9:g:2", b"9:5:1:0"],
+            &[b"acquire:9:9:g:x"],
+            &[b"acquire:9:9:g:2:1"],
+            &[b"acquire:9:9:g:2", b"9:5:1:0:7", b"tok"],
         ];
         for args in bad {
             assert!(parse_effect(args).is_err(), "{args:?}");

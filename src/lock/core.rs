@@ -22,20 +22,57 @@ pub struct Holder {
     /// Released when the acquiring connection closes.
     pub session: bool,
     /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
-    /// its session's connection closed), in ms; 0: none.
+    /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
     pub delay: u64,
+}
+
+/// A shared holder or a permit holder: a holder with the fence of its own grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub fence: u64,
+    pub holder: Holder,
+}
+
+/// The shared side of a lock: its shared holders, or the permits of a semaphore.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The number of permits of a semaphore; 0 for the shared holders of a read/write lock.
+    /// A semaphore keeps its limit while its key exists, free or not.
+    pub limit: u32,
+    /// The holders, in grant order (their fences increase).
+    pub members: Vec<Member>,
 }
 
 /// The value stored under a lock key. A released lock keeps its key (a tombstone) so the last
 /// fence travels with the key through RDB, AOF, replication, DUMP/RESTORE and MIGRATE.
+///
+/// A lock is held by one exclusive `holder`, or by the members of its `group` (shared holders,
+/// or permit holders of a semaphore), never both.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lock {
-    /// The fence of the latest grant; 0 only for a value that never had one.
+    /// The fence of the latest grant, the largest of the key; 0 only for a value that never had
+    /// one.
     pub fence: u64,
+    /// The exclusive holder.
     pub holder: Option<Holder>,
+    /// Shared or permit holders; `None` for a plain lock without shared holders (boxed: most
+    /// locks never have one).
+    pub group: Option<Box<Group>>,
     /// A free lock whose last holder ended with a lock-delay: no grant before this time (ms
     /// since the epoch); 0 when there was none. Only meaningful while free.
     pub delayed_until: u64,
+}
+
+/// The kind of hold a request asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The only holder of the lock.
+    #[default]
+    Exclusive,
+    /// One of any number of shared holders, never beside an exclusive one.
+    Shared,
+    /// One of at most `n` holders of a semaphore of `n` permits.
+    Permit(u32),
 }
 
 /// What a grant request asks for.
@@ -45,8 +82,10 @@ pub struct Request<'a> {
     pub ttl: u64,
     pub reentrant: bool,
     pub session: bool,
-    /// The lock-delay the grant imposes if it ends without a release (ms; 0: none).
+    /// The lock-delay the grant imposes if it ends without a release (ms; 0: none). Exclusive
+    /// grants only.
     pub delay: u64,
+    pub mode: Mode,
 }
 
 /// What a grant request turned into.
@@ -56,13 +95,62 @@ pub enum Acquire {
     Granted { fence: u64 },
     /// The same token already held it: lease refreshed, fence unchanged.
     Refreshed { fence: u64 },
-    /// Someone else holds it.
+    /// The exclusive holder asked for a shared hold: its hold became one, with the same fence,
+    /// and the lock was not free for a moment.
+    Downgraded { fence: u64 },
+    /// Someone else holds it (or the semaphore has no permit left, or a lock-delay runs).
     Busy,
+}
+
+impl Acquire {
+    /// The fence of a grant, a refresh or a downgrade.
+    pub fn fence(self) -> Option<u64> {
+        match self {
+            Acquire::Granted { fence }
+            | Acquire::Refreshed { fence }
+            | Acquire::Downgraded { fence } => Some(fence),
+            Acquire::Busy => None,
+        }
+    }
 }
 
 /// The fence space is used up (only reachable with a clock set hundreds of millennia ahead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FenceExhausted;
+
+/// Why a grant request is refused outright rather than busy: waiting would not help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    FenceExhausted,
+    /// A shared holder asked for the lock exclusive: two of them doing so would wait for each
+    /// other forever.
+    Upgrade,
+    /// A permit asked of a key held as a lock (exclusive or shared).
+    NotSemaphore,
+    /// The key is a semaphore of `limit` permits, and the request asked for something else (no
+    /// LIMIT, or another one).
+    Semaphore {
+        limit: u32,
+    },
+}
+
+impl From<FenceExhausted> for Refused {
+    fn from(_: FenceExhausted) -> Self {
+        Refused::FenceExhausted
+    }
+}
+
+/// What a request may do with a lock at a given moment (see [`Lock::admit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// The requester holds it in this mode already: a refresh.
+    Refresh,
+    /// The exclusive holder asks for a shared hold.
+    Downgrade,
+    /// A new grant.
+    New,
+    Busy,
+}
 
 /// The next fence for a key: strictly above the key's last fence and above `floor`, the largest
 /// fence this server has issued or seen for any key; and at least the wall clock shifted left by
@@ -88,38 +176,113 @@ pub fn deadline_after(now: u64, ttl: u64) -> u64 {
     now.saturating_add(ttl)
 }
 
+/// Refreshes a hold the requester already has.
+fn refresh(holder: &mut Holder, request: &Request, deadline: u64) {
+    holder.deadline = deadline;
+    if request.reentrant {
+        holder.holds = holder.holds.saturating_add(1);
+    }
+    holder.session |= request.session;
+}
+
 impl Lock {
-    /// The holder, if the lease has not run out at `now`.
+    /// The exclusive holder, if its lease has not run out at `now`.
     pub fn live_holder(&self, now: u64) -> Option<&Holder> {
         self.holder.as_ref().filter(|h| h.deadline > now)
     }
 
+    /// The shared or permit holders, live or overdue.
+    pub fn members(&self) -> &[Member] {
+        self.group.as_deref().map_or(&[], |g| &g.members)
+    }
+
+    /// The shared or permit holders whose lease has not run out at `now`.
+    pub fn live_members(&self, now: u64) -> impl Iterator<Item = &Member> {
+        self.members()
+            .iter()
+            .filter(move |m| m.holder.deadline > now)
+    }
+
+    /// The semaphore's number of permits; 0 when the key is not a semaphore.
+    pub fn limit(&self) -> u32 {
+        self.group.as_deref().map_or(0, |g| g.limit)
+    }
+
+    /// Every live holder with the fence of its grant, exclusive or not.
+    pub fn live_holders(&self, now: u64) -> impl Iterator<Item = (u64, &Holder)> {
+        let fence = self.fence;
+        self.live_holder(now)
+            .map(move |h| (fence, h))
+            .into_iter()
+            .chain(self.live_members(now).map(|m| (m.fence, &m.holder)))
+    }
+
+    /// True when `token` holds the lock (in any mode) at `now`.
+    pub fn holds(&self, token: &[u8], now: u64) -> bool {
+        self.live_holders(now).any(|(_, h)| *h.token == *token)
+    }
+
     pub fn is_held(&self, now: u64) -> bool {
-        self.live_holder(now).is_some()
+        self.live_holder(now).is_some() || self.live_members(now).next().is_some()
     }
 
     /// A holder whose deadline has passed but who has not been removed yet.
     pub fn is_overdue(&self, now: u64) -> bool {
         self.holder.as_ref().is_some_and(|h| h.deadline <= now)
+            || self.members().iter().any(|m| m.holder.deadline <= now)
     }
 
-    fn live_holder_mut(&mut self, token: &[u8], now: u64) -> Option<&mut Holder> {
-        self.holder
-            .as_mut()
-            .filter(|h| h.deadline > now && *h.token == *token)
+    /// The live hold of `token`, exclusive or shared.
+    fn live_hold_mut(&mut self, token: &[u8], now: u64) -> Option<&mut Holder> {
+        let live = |h: &&mut Holder| h.deadline > now && *h.token == *token;
+        if let Some(holder) = self.holder.as_mut().filter(live) {
+            return Some(holder);
+        }
+        self.group
+            .as_deref_mut()?
+            .members
+            .iter_mut()
+            .map(|m| &mut m.holder)
+            .find(live)
     }
 
-    /// Removes a holder whose lease ran out. Returns true when it did: the caller announces
-    /// `lock.expired` and replicates the release. A grant with a lock-delay leaves the lock
-    /// unavailable until its deadline plus the delay.
+    /// Removes the member at `index`, and the group with it when it is neither a semaphore nor
+    /// held any more.
+    fn remove_member(&mut self, index: usize) -> Option<Member> {
+        let group = self.group.as_deref_mut()?;
+        let member = (index < group.members.len()).then(|| group.members.remove(index))?;
+        if group.limit == 0 && group.members.is_empty() {
+            self.group = None;
+        }
+        Some(member)
+    }
+
+    /// The index of the live member holding with `token`.
+    fn live_member_index(&self, token: &[u8], now: u64) -> Option<usize> {
+        self.members()
+            .iter()
+            .position(|m| m.holder.deadline > now && *m.holder.token == *token)
+    }
+
+    /// Removes one holder whose lease ran out (the exclusive one, or the shared one that ran out
+    /// first). Returns true when it did: the caller announces `lock.expired` and replicates the
+    /// change, and calls again while [`Lock::is_overdue`]. A grant with a lock-delay leaves the
+    /// lock unavailable until its deadline plus the delay.
     pub fn expire(&mut self, now: u64) -> bool {
-        if self.is_overdue(now) {
+        if self.holder.as_ref().is_some_and(|h| h.deadline <= now) {
             if let Some(holder) = self.holder.take() {
                 self.start_delay(holder.deadline, holder.delay);
             }
             return true;
         }
-        false
+        let first_overdue = self
+            .members()
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.holder.deadline <= now)
+            .min_by_key(|(_, m)| m.holder.deadline)
+            .map(|(index, _)| index);
+        first_overdue.is_some_and(|index| self.remove_member(index).is_some())
     }
 
     fn start_delay(&mut self, from: u64, delay: u64) {
@@ -146,9 +309,20 @@ impl Lock {
         (until > now && !self.is_held(now)).then(|| until - now)
     }
 
-    /// True when a new grant can be made at `now`: nobody holds it, and no lock-delay runs.
+    /// True when a new exclusive grant can be made at `now`: nobody holds it, and no lock-delay
+    /// runs.
     pub fn is_available(&self, now: u64) -> bool {
         !self.is_held(now) && self.delay_ttl(now).is_none()
+    }
+
+    /// True when some waiter may be granted something at `now`: no exclusive holder, no
+    /// lock-delay, and a permit left when it is a semaphore.
+    pub fn has_room(&self, now: u64) -> bool {
+        if self.live_holder(now).is_some() || self.delay_ttl(now).is_some() {
+            return false;
+        }
+        let limit = self.limit();
+        limit == 0 || self.live_members(now).count() < limit as usize
     }
 
     /// Ends a running lock-delay at once (LOCK.FORCERELEASE). True when one was running.
@@ -160,9 +334,47 @@ impl Lock {
         running
     }
 
+    /// What `request` may do at `now`, or why it is refused whatever happens meanwhile. An
+    /// overdue holder counts as gone.
+    pub fn admit(&self, request: &Request, now: u64) -> Result<Admit, Refused> {
+        let limit = self.limit();
+        if self
+            .live_holder(now)
+            .is_some_and(|h| *h.token == *request.token)
+        {
+            return match request.mode {
+                Mode::Exclusive => Ok(Admit::Refresh),
+                Mode::Shared => Ok(Admit::Downgrade),
+                Mode::Permit(_) => Err(Refused::NotSemaphore),
+            };
+        }
+        match request.mode {
+            Mode::Permit(asked) if limit > 0 && asked != limit => {
+                return Err(Refused::Semaphore { limit })
+            }
+            Mode::Exclusive | Mode::Shared if limit > 0 => {
+                return Err(Refused::Semaphore { limit })
+            }
+            Mode::Permit(_) if limit == 0 && self.is_held(now) => {
+                return Err(Refused::NotSemaphore)
+            }
+            _ => {}
+        }
+        if self.live_member_index(request.token, now).is_some() {
+            return match request.mode {
+                Mode::Exclusive => Err(Refused::Upgrade),
+                Mode::Shared | Mode::Permit(_) => Ok(Admit::Refresh),
+            };
+        }
+        let free = match request.mode {
+            Mode::Exclusive => self.is_available(now),
+            Mode::Shared | Mode::Permit(_) => self.has_room(now),
+        };
+        Ok(if free { Admit::New } else { Admit::Busy })
+    }
+
     /// Grants the lock to `token` when it is free, or refreshes the lease when `token` already
-    /// holds it. The caller must have called [`Lock::expire`] first when it wants an overdue
-    /// holder removed with its own announcement; an overdue holder counts as free here anyway.
+    /// holds it, without a lock-delay. An exclusive request; see [`Lock::grant`].
     pub fn acquire(
         &mut self,
         token: &[u8],
@@ -178,61 +390,109 @@ impl Lock {
             reentrant,
             session,
             delay: 0,
+            mode: Mode::Exclusive,
         };
-        self.grant(&request, floor, now)
+        self.grant(&request, floor, now).map_err(|_| FenceExhausted)
     }
 
-    /// [`Lock::acquire`] with every option of the request, the lock-delay included. A running
-    /// lock-delay keeps the lock busy for every token; a refresh by the holder takes the
-    /// request's lock-delay as its own.
-    pub fn grant(
-        &mut self,
-        request: &Request,
-        floor: u64,
-        now: u64,
-    ) -> Result<Acquire, FenceExhausted> {
+    /// Grants `request` when the lock admits it (see [`Lock::admit`]): a new grant gets a fence
+    /// above every earlier one of the key and `floor`; the requester's own hold is refreshed
+    /// (its lease, holds and session flag; an exclusive one takes the request's lock-delay), or
+    /// downgraded to a shared one. The caller must have called [`Lock::expire`] first when it
+    /// wants overdue holders removed with their own announcement.
+    pub fn grant(&mut self, request: &Request, floor: u64, now: u64) -> Result<Acquire, Refused> {
         let deadline = deadline_after(now, request.ttl);
-        let fence = self.fence;
-        if let Some(holder) = self.live_holder_mut(request.token, now) {
-            holder.deadline = deadline;
-            if request.reentrant {
-                holder.holds = holder.holds.saturating_add(1);
+        match self.admit(request, now)? {
+            Admit::Busy => Ok(Acquire::Busy),
+            Admit::Refresh => {
+                let fence = match self.live_member_index(request.token, now) {
+                    Some(index) => self.members()[index].fence,
+                    None => self.fence,
+                };
+                let exclusive = self.holder.is_some();
+                if let Some(holder) = self.live_hold_mut(request.token, now) {
+                    refresh(holder, request, deadline);
+                    if exclusive {
+                        holder.delay = request.delay;
+                    }
+                }
+                Ok(Acquire::Refreshed { fence })
             }
-            holder.session |= request.session;
-            holder.delay = request.delay;
-            return Ok(Acquire::Refreshed { fence });
+            Admit::Downgrade => {
+                let Some(mut holder) = self.holder.take() else {
+                    return Ok(Acquire::Busy);
+                };
+                refresh(&mut holder, request, deadline);
+                holder.delay = 0;
+                let fence = self.fence;
+                self.group = Some(Box::new(Group {
+                    limit: 0,
+                    members: vec![Member { fence, holder }],
+                }));
+                Ok(Acquire::Downgraded { fence })
+            }
+            Admit::New => {
+                let fence = next_fence(floor, self.fence, now)?;
+                self.fence = fence;
+                self.delayed_until = 0;
+                // Holders whose lease ran out go (callers expire them first, announced).
+                self.holder = None;
+                if let Some(group) = self.group.as_deref_mut() {
+                    group.members.retain(|m| m.holder.deadline > now);
+                    if group.limit == 0 && group.members.is_empty() {
+                        self.group = None;
+                    }
+                }
+                let holder = Holder {
+                    token: request.token.into(),
+                    deadline,
+                    holds: 1,
+                    session: request.session,
+                    delay: 0,
+                };
+                let limit = match request.mode {
+                    Mode::Exclusive => {
+                        self.holder = Some(Holder {
+                            delay: request.delay,
+                            ..holder
+                        });
+                        return Ok(Acquire::Granted { fence });
+                    }
+                    Mode::Shared => 0,
+                    Mode::Permit(limit) => limit,
+                };
+                let group = self.group.get_or_insert_with(Box::default);
+                group.limit = limit;
+                group.members.push(Member { fence, holder });
+                Ok(Acquire::Granted { fence })
+            }
         }
-        if !self.is_available(now) {
-            return Ok(Acquire::Busy);
-        }
-        let fence = next_fence(floor, self.fence, now)?;
-        self.fence = fence;
-        self.delayed_until = 0;
-        self.holder = Some(Holder {
-            token: request.token.into(),
-            deadline,
-            holds: 1,
-            session: request.session,
-            delay: request.delay,
-        });
-        Ok(Acquire::Granted { fence })
     }
 
     /// Drops one hold of `token`. Returns `None` when `token` does not hold the lock, otherwise
-    /// whether the lock is now free.
+    /// whether its hold ended (for an exclusive holder: the lock is now free).
     pub fn release(&mut self, token: &[u8], now: u64) -> Option<bool> {
-        let holder = self.live_holder_mut(token, now)?;
+        let holder = self.live_hold_mut(token, now)?;
         if holder.holds > 1 {
             holder.holds -= 1;
             return Some(false);
         }
-        self.holder = None;
+        self.end_hold(token, now);
         Some(true)
+    }
+
+    /// Removes the live hold of `token` entirely, without a lock-delay.
+    fn end_hold(&mut self, token: &[u8], now: u64) -> Option<Holder> {
+        if self.live_holder(now).is_some_and(|h| *h.token == *token) {
+            return self.holder.take();
+        }
+        let index = self.live_member_index(token, now)?;
+        self.remove_member(index).map(|m| m.holder)
     }
 
     /// Moves the deadline of `token`'s lease to `now + ttl`. False when `token` does not hold it.
     pub fn renew(&mut self, token: &[u8], ttl: u64, now: u64) -> bool {
-        match self.live_holder_mut(token, now) {
+        match self.live_hold_mut(token, now) {
             Some(holder) => {
                 holder.deadline = deadline_after(now, ttl);
                 true
@@ -241,50 +501,85 @@ impl Lock {
         }
     }
 
-    /// Frees a session lock held by `token` entirely (its connection closed), starting its
+    /// Frees a session hold of `token` entirely (its connection closed), starting its
     /// lock-delay if it has one. True when it did.
     pub fn end_session(&mut self, token: &[u8], now: u64) -> bool {
-        if self.live_holder_mut(token, now).is_some_and(|h| h.session) {
-            if let Some(holder) = self.holder.take() {
+        if !self.live_hold_mut(token, now).is_some_and(|h| h.session) {
+            return false;
+        }
+        if let Some(holder) = self.end_hold(token, now) {
+            if self.holder.is_none() && self.group.is_none() {
                 self.start_delay(now, holder.delay);
             }
-            return true;
         }
-        false
+        true
     }
 
-    /// Frees the lock whoever holds it. True when it was held at `now`.
+    /// Frees the lock whoever holds it, every shared and permit holder too (a semaphore keeps
+    /// its limit). True when it was held at `now`.
     pub fn force_release(&mut self, now: u64) -> bool {
         let was_held = self.is_held(now);
         if was_held {
             self.holder = None;
+            if let Some(group) = self.group.as_deref_mut() {
+                group.members.clear();
+            }
+            if self.limit() == 0 {
+                self.group = None;
+            }
         }
         was_held
     }
 
-    /// Takes back the grant with `fence` from `token` (all its holds), when that grant is the
+    /// Takes back the grant with `fence` from `token` (all its holds), when that grant is a
     /// current one: a grant its replicas never acknowledged. True when it did.
     pub fn revoke(&mut self, token: &[u8], fence: u64, now: u64) -> bool {
-        let current = self.fence == fence && self.live_holder_mut(token, now).is_some();
+        let current = self
+            .live_holders(now)
+            .any(|(f, h)| f == fence && *h.token == *token);
         if current {
-            self.holder = None;
+            self.end_hold(token, now);
         }
         current
     }
 
-    /// True when `fence` is the fence of the current, unexpired holder.
+    /// True when `fence` is the fence of a current, unexpired holder.
     pub fn fence_is_current(&self, fence: u64, now: u64) -> bool {
-        self.is_held(now) && self.fence == fence
+        self.live_holders(now).any(|(f, _)| f == fence)
     }
 
-    /// Remaining lease in ms, or `None` when free.
+    /// Remaining lease in ms of the holder whose lease ends first, or `None` when free.
     pub fn ttl(&self, now: u64) -> Option<u64> {
-        self.live_holder(now).map(|h| h.deadline - now)
+        self.live_holders(now).map(|(_, h)| h.deadline - now).min()
     }
 
-    /// Heap bytes this lock owns beyond its own size (the token), for MEMORY USAGE.
+    /// The deadline the lease timer has to look at first: the earliest of every holder's.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let members = self.members().iter().map(|m| m.holder.deadline);
+        self.holder
+            .as_ref()
+            .map(|h| h.deadline)
+            .into_iter()
+            .chain(members)
+            .min()
+    }
+
+    /// True when any holder, live or overdue, is recorded (what the held gauge counts).
+    pub fn has_holders(&self) -> bool {
+        self.holder.is_some() || !self.members().is_empty()
+    }
+
+    /// Heap bytes this lock owns beyond its own size (tokens, shared holders), for MEMORY USAGE.
     pub fn heap_bytes(&self) -> usize {
-        self.holder.as_ref().map_or(0, |h| h.token.len())
+        let group = self.group.as_deref().map_or(0, |g| {
+            std::mem::size_of::<Group>()
+                + g.members.capacity() * std::mem::size_of::<Member>()
+                + g.members
+                    .iter()
+                    .map(|m| m.holder.token.len())
+                    .sum::<usize>()
+        });
+        self.holder.as_ref().map_or(0, |h| h.token.len()) + group
     }
 }
 
@@ -294,7 +589,7 @@ mod tests {
 
     const T0: u64 = 1_764_000_000_000;
 
-    fn granted(r: Result<Acquire, FenceExhausted>) -> u64 {
+    fn granted<E: std::fmt::Debug>(r: Result<Acquire, E>) -> u64 {
         match r {
             Ok(Acquire::Granted { fence }) => fence,
             other => panic!("expected a grant, got {other:?}"),
@@ -484,6 +779,7 @@ mod tests {
             reentrant: false,
             session,
             delay,
+            mode: Mode::Exclusive,
         }
     }
 
@@ -556,5 +852,152 @@ mod tests {
         let fence = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
         lock.acquire(b"a", 1000, false, true, fence, T0).ok();
         assert_eq!(lock.holder.as_ref().map(|h| h.session), Some(true));
+    }
+
+    fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'_> {
+        Request {
+            token,
+            ttl,
+            reentrant: false,
+            session: false,
+            delay: 0,
+            mode,
+        }
+    }
+
+    #[test]
+    fn shared_holders_each_get_a_larger_fence_and_exclude_an_exclusive_one() {
+        let mut lock = Lock::default();
+        let a = granted(lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0));
+        let b = granted(lock.grant(&asking(b"b", 2000, Mode::Shared), a, T0));
+        assert!(b > a);
+        assert_eq!(lock.fence, b);
+        assert!(lock.fence_is_current(a, T0) && lock.fence_is_current(b, T0));
+        assert_eq!(lock.ttl(T0 + 10), Some(990));
+        assert_eq!(
+            lock.grant(&asking(b"w", 1000, Mode::Exclusive), b, T0),
+            Ok(Acquire::Busy)
+        );
+        assert_eq!(lock.release(b"a", T0), Some(true));
+        assert!(!lock.fence_is_current(a, T0));
+        assert_eq!(lock.release(b"b", T0), Some(true));
+        assert_eq!(lock.group, None);
+        let w = granted(lock.grant(&asking(b"w", 1000, Mode::Exclusive), b, T0));
+        assert!(w > b);
+        assert_eq!(
+            lock.grant(&asking(b"r", 1000, Mode::Shared), w, T0),
+            Ok(Acquire::Busy)
+        );
+    }
+
+    #[test]
+    fn the_exclusive_holder_downgrades_without_a_free_moment_and_upgrades_are_refused() {
+        let mut lock = Lock::default();
+        let w = granted(lock.grant(&asking(b"w", 1000, Mode::Exclusive), 0, T0));
+        assert_eq!(
+            lock.grant(&asking(b"w", 5000, Mode::Shared), w, T0 + 1),
+            Ok(Acquire::Downgraded { fence: w })
+        );
+        assert!(lock.holder.is_none());
+        assert!(lock.fence_is_current(w, T0 + 1));
+        assert_eq!(lock.ttl(T0 + 1), Some(5000));
+        let r = granted(lock.grant(&asking(b"r", 1000, Mode::Shared), w, T0 + 1));
+        assert!(r > w);
+        assert_eq!(
+            lock.grant(&asking(b"r", 1000, Mode::Exclusive), r, T0 + 1),
+            Err(Refused::Upgrade)
+        );
+        assert_eq!(
+            lock.grant(&asking(b"r", 2000, Mode::Shared), r, T0 + 1),
+            Ok(Acquire::Refreshed { fence: r })
+        );
+    }
+
+    #[test]
+    fn a_semaphore_grants_up_to_its_limit_and_keeps_it_while_free() {
+        let mut lock = Lock::default();
+        let mut fences = Vec::new();
+        for token in [&b"p1"[..], b"p2", b"p3"] {
+            fences.push(granted(lock.grant(
+                &asking(token, 1000, Mode::Permit(3)),
+                0,
+                T0,
+            )));
+        }
+        assert!(fences.windows(2).all(|f| f[0] < f[1]));
+        assert_eq!(
+            lock.grant(&asking(b"p4", 1000, Mode::Permit(3)), 0, T0),
+            Ok(Acquire::Busy)
+        );
+        assert!(!lock.has_room(T0));
+        for (request, refused) in [
+            (
+                asking(b"p4", 1000, Mode::Permit(4)),
+                Refused::Semaphore { limit: 3 },
+            ),
+            (
+                asking(b"p4", 1000, Mode::Shared),
+                Refused::Semaphore { limit: 3 },
+            ),
+            (
+                asking(b"p4", 1000, Mode::Exclusive),
+                Refused::Semaphore { limit: 3 },
+            ),
+        ] {
+            assert_eq!(lock.grant(&request, 0, T0), Err(refused));
+        }
+        // A lease that ran out frees its permit (once expired, with its own announcement).
+        assert!(lock.renew(b"p2", 10, T0));
+        assert!(lock.renew(b"p3", 20, T0));
+        assert!(lock.has_room(T0 + 10));
+        assert!(lock.expire(T0 + 30));
+        assert!(lock.expire(T0 + 30));
+        assert!(!lock.expire(T0 + 30));
+        assert_eq!(lock.members().len(), 1);
+        assert!(lock.force_release(T0 + 30));
+        assert_eq!(lock.limit(), 3);
+        assert!(!lock.is_held(T0 + 30));
+        assert_eq!(
+            lock.grant(&asking(b"x", 1000, Mode::Exclusive), 0, T0 + 30),
+            Err(Refused::Semaphore { limit: 3 })
+        );
+    }
+
+    #[test]
+    fn a_limit_on_a_held_lock_is_refused_and_a_free_one_becomes_a_semaphore() {
+        let mut lock = Lock::default();
+        let w = granted(lock.grant(&asking(b"w", 1000, Mode::Exclusive), 0, T0));
+        for token in [&b"w"[..], b"other"] {
+            assert_eq!(
+                lock.grant(&asking(token, 1000, Mode::Permit(2)), w, T0),
+                Err(Refused::NotSemaphore)
+            );
+        }
+        assert_eq!(lock.release(b"w", T0), Some(true));
+        let p = granted(lock.grant(&asking(b"p", 1000, Mode::Permit(2)), w, T0));
+        assert!(p > w);
+        assert_eq!(lock.limit(), 2);
+    }
+
+    #[test]
+    fn shared_holds_are_reentrant_renewed_revoked_and_end_with_their_session() {
+        let mut lock = Lock::default();
+        let reentrant = Request {
+            reentrant: true,
+            session: true,
+            ..asking(b"a", 1000, Mode::Shared)
+        };
+        let a = granted(lock.grant(&reentrant, 0, T0));
+        lock.grant(&reentrant, a, T0).ok();
+        let b = granted(lock.grant(&asking(b"b", 1000, Mode::Shared), a, T0));
+        assert_eq!(lock.release(b"a", T0), Some(false));
+        assert!(lock.renew(b"b", 9000, T0 + 500));
+        assert_eq!(lock.ttl(T0 + 500), Some(500));
+        assert!(!lock.end_session(b"b", T0 + 500));
+        assert!(lock.end_session(b"a", T0 + 500));
+        assert!(!lock.revoke(b"b", a, T0 + 500));
+        assert!(lock.revoke(b"b", b, T0 + 500));
+        assert!(!lock.is_held(T0 + 500));
+        assert_eq!(lock.group, None);
     }
 }

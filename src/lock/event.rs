@@ -8,6 +8,8 @@ use std::ffi::CStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     Acquire,
+    /// The exclusive holder turned its hold into a shared one.
+    Downgrade,
     Release,
     /// A release that dropped one of several reentrant holds: the lock stays held.
     DropHold,
@@ -22,8 +24,9 @@ pub enum Event {
 }
 
 impl Event {
-    const ALL: [Event; 9] = [
+    const ALL: [Event; 10] = [
         Event::Acquire,
+        Event::Downgrade,
         Event::Release,
         Event::DropHold,
         Event::SessionEnd,
@@ -34,11 +37,16 @@ impl Event {
         Event::Reclaim,
     ];
 
-    /// True when the change left the lock free.
+    /// True when the change ended a hold (or more) or made room for shared holders: waiters
+    /// may get their turn, and sessions of holds that ended are forgotten.
     pub fn frees(self) -> bool {
         matches!(
             self,
-            Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease
+            Event::Release
+                | Event::SessionEnd
+                | Event::Expired
+                | Event::ForceRelease
+                | Event::Downgrade
         )
     }
 
@@ -46,6 +54,7 @@ impl Event {
     pub fn word(self) -> &'static CStr {
         match self {
             Event::Acquire => c"acquire",
+            Event::Downgrade => c"downgrade",
             Event::Release => c"release",
             Event::DropHold => c"drophold",
             Event::SessionEnd => c"sessionend",
@@ -61,6 +70,7 @@ impl Event {
     pub fn notification(self) -> Option<&'static CStr> {
         match self {
             Event::Acquire => Some(c"lock.acquire"),
+            Event::Downgrade => Some(c"lock.downgrade"),
             Event::Release | Event::SessionEnd => Some(c"lock.release"),
             Event::Renew => Some(c"lock.renew"),
             Event::Expired => Some(c"lock.expired"),

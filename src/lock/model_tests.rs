@@ -1,19 +1,21 @@
 //! Model-based property tests of the pure lock core (`core.rs`) against a small reference model
-//! written from the contract alone: a map of keys to (last fence, holder token, deadline, holds,
-//! session flag), and fences formed as the README says (largest of key fence + 1, floor + 1 and
-//! wall clock x 2048).
+//! written from the contract alone: a map of keys to (last fence, semaphore limit, holders in
+//! grant order, each with token, fence, deadline, holds, session flag and shared or exclusive
+//! mode), and fences formed as the README says (largest of key fence + 1, floor + 1 and wall
+//! clock x 2048).
 //!
 //! A seeded random walk (SplitMix64, no dependency, fully deterministic) drives both with the same
 //! operations on a few keys and tokens, with random time steps: none, one ms, small, exactly onto
 //! a deadline, big jumps and small steps back. After every operation the outcome and everything
-//! observable (live holder, fence, ttl, overdue state, fence checks) must agree, every grant's
+//! observable (live holders, fence, ttl, overdue state, fence checks, limit) must agree, the
+//! modes' rules must hold (an exclusive holder alone, at most `limit` permits), every grant's
 //! fence must exceed every fence issued before it, and each lock must survive its RDB encoding and
 //! its replicated effect unchanged. `LOCK_MODEL_CASES` raises the number of walks (default 120).
 
 use std::collections::BTreeMap;
 
 use crate::lock::codec::{self, Fields};
-use crate::lock::core::{deadline_after, Acquire, FenceExhausted, Lock, MAX_FENCE};
+use crate::lock::core::{deadline_after, Acquire, Lock, Mode, Refused, Request, MAX_FENCE};
 use crate::lock::event::Event;
 
 /// SplitMix64: small, fast and good enough to pick operations.
@@ -38,55 +40,103 @@ impl Rng {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct MHolder {
     token: Vec<u8>,
+    /// The fence of this holder's grant.
+    fence: u64,
     deadline: u64,
     holds: u32,
     session: bool,
+    /// A shared hold or a permit (else exclusive).
+    shared: bool,
 }
 
-/// The reference: one lock as the contract describes it.
+/// The reference: one lock as the contract describes it. Holders are kept in grant order, live
+/// or overdue; a semaphore's limit stays while the key exists.
 #[derive(Clone, Debug, Default)]
 struct MLock {
     fence: u64,
-    holder: Option<MHolder>,
+    holders: Vec<MHolder>,
+    limit: u32,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 enum MAcquire {
     Granted(u64),
     Refreshed(u64),
+    Downgraded(u64),
     Busy,
     Exhausted,
+    Refused(Refused),
 }
 
 impl MLock {
-    fn live(&self, now: u64) -> Option<&MHolder> {
-        self.holder.as_ref().filter(|h| h.deadline > now)
+    fn live(&self, now: u64) -> impl Iterator<Item = &MHolder> {
+        self.holders.iter().filter(move |h| h.deadline > now)
     }
     fn live_with(&mut self, token: &[u8], now: u64) -> Option<&mut MHolder> {
-        self.holder
-            .as_mut()
-            .filter(|h| h.deadline > now && h.token == token)
+        self.holders
+            .iter_mut()
+            .find(|h| h.deadline > now && h.token == token)
     }
+    fn remove_live(&mut self, token: &[u8], now: u64) {
+        self.holders
+            .retain(|h| !(h.deadline > now && h.token == token));
+    }
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         token: &[u8],
         ttl: u64,
         reentrant: bool,
         session: bool,
+        mode: Mode,
         floor: u64,
         now: u64,
     ) -> MAcquire {
         let deadline = now.saturating_add(ttl);
-        let fence = self.fence;
-        if let Some(h) = self.live_with(token, now) {
+        let refresh = |h: &mut MHolder| {
             h.deadline = deadline;
             if reentrant {
                 h.holds = h.holds.saturating_add(1);
             }
             h.session |= session;
-            return MAcquire::Refreshed(fence);
+            h.fence
+        };
+        let live_count = self.live(now).count();
+        let exclusive_live = self.live(now).any(|h| !h.shared);
+        if let Some(h) = self.live_with(token, now).filter(|h| !h.shared) {
+            return match mode {
+                Mode::Exclusive => MAcquire::Refreshed(refresh(h)),
+                Mode::Shared => {
+                    h.shared = true;
+                    MAcquire::Downgraded(refresh(h))
+                }
+                Mode::Permit(_) => MAcquire::Refused(Refused::NotSemaphore),
+            };
         }
-        if self.live(now).is_some() {
+        match mode {
+            Mode::Permit(n) if self.limit > 0 && n != self.limit => {
+                return MAcquire::Refused(Refused::Semaphore { limit: self.limit })
+            }
+            Mode::Exclusive | Mode::Shared if self.limit > 0 => {
+                return MAcquire::Refused(Refused::Semaphore { limit: self.limit })
+            }
+            Mode::Permit(_) if self.limit == 0 && live_count > 0 => {
+                return MAcquire::Refused(Refused::NotSemaphore)
+            }
+            _ => {}
+        }
+        if let Some(h) = self.live_with(token, now) {
+            return match mode {
+                Mode::Exclusive => MAcquire::Refused(Refused::Upgrade),
+                Mode::Shared | Mode::Permit(_) => MAcquire::Refreshed(refresh(h)),
+            };
+        }
+        let room = match mode {
+            Mode::Exclusive => live_count == 0,
+            Mode::Shared => !exclusive_live,
+            Mode::Permit(n) => live_count < n as usize,
+        };
+        if !room {
             return MAcquire::Busy;
         }
         // The README's rule, in wide arithmetic.
@@ -98,11 +148,17 @@ impl MLock {
         }
         let fence = wide as u64;
         self.fence = fence;
-        self.holder = Some(MHolder {
+        self.holders.retain(|h| h.deadline > now);
+        if let Mode::Permit(n) = mode {
+            self.limit = n;
+        }
+        self.holders.push(MHolder {
             token: token.to_vec(),
+            fence,
             deadline,
             holds: 1,
             session,
+            shared: mode != Mode::Exclusive,
         });
         MAcquire::Granted(fence)
     }
@@ -112,7 +168,7 @@ impl MLock {
             h.holds -= 1;
             return Some(false);
         }
-        self.holder = None;
+        self.remove_live(token, now);
         Some(true)
     }
     fn renew(&mut self, token: &[u8], ttl: u64, now: u64) -> bool {
@@ -126,73 +182,117 @@ impl MLock {
     }
     fn end_session(&mut self, token: &[u8], now: u64) -> bool {
         if self.live_with(token, now).is_some_and(|h| h.session) {
-            self.holder = None;
+            self.remove_live(token, now);
             return true;
         }
         false
     }
     fn force_release(&mut self, now: u64) -> bool {
-        let held = self.live(now).is_some();
+        let held = self.live(now).next().is_some();
         if held {
-            self.holder = None;
+            self.holders.clear();
         }
         held
     }
+    /// Removes the holder whose lease ran out first (the earliest granted among equals).
     fn expire(&mut self, now: u64) -> bool {
-        if self.holder.as_ref().is_some_and(|h| h.deadline <= now) {
-            self.holder = None;
-            return true;
+        let first = self
+            .holders
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.deadline <= now)
+            .min_by_key(|(_, h)| h.deadline)
+            .map(|(index, _)| index);
+        match first {
+            Some(index) => {
+                self.holders.remove(index);
+                true
+            }
+            None => false,
         }
-        false
     }
 }
 
-fn outcome(r: Result<Acquire, FenceExhausted>) -> MAcquire {
+fn outcome<E: Into<Refused>>(r: Result<Acquire, E>) -> MAcquire {
     match r {
         Ok(Acquire::Granted { fence }) => MAcquire::Granted(fence),
         Ok(Acquire::Refreshed { fence }) => MAcquire::Refreshed(fence),
+        Ok(Acquire::Downgraded { fence }) => MAcquire::Downgraded(fence),
         Ok(Acquire::Busy) => MAcquire::Busy,
-        Err(FenceExhausted) => MAcquire::Exhausted,
+        Err(e) => match e.into() {
+            Refused::FenceExhausted => MAcquire::Exhausted,
+            refused => MAcquire::Refused(refused),
+        },
     }
 }
 
 const TOKENS: [&[u8]; 5] = [b"a", b"b", b"c\0\xff", b"\r\n*1\r\n", b"a\0"];
 
-/// Everything observable about `lock` at `now` agrees with `model`.
+/// Everything observable about `lock` at `now` agrees with `model`, and the lock keeps the
+/// rules of modes: an exclusive holder alone, never more permit holders than permits.
 fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
     assert_eq!(lock.fence, model.fence, "fence; {}", ctx());
-    let live = lock.live_holder(now).map(|h| {
-        (
-            h.token.to_vec(),
-            h.deadline,
-            h.holds,
-            h.session,
-            lock.ttl(now),
-        )
-    });
-    let mlive = model.live(now).map(|h| {
-        (
-            h.token.clone(),
-            h.deadline,
-            h.holds,
-            h.session,
-            Some(h.deadline - now),
-        )
-    });
-    assert_eq!(live, mlive, "live holder; {}", ctx());
-    assert_eq!(lock.is_held(now), mlive.is_some(), "is_held; {}", ctx());
-    let m_overdue = model.holder.as_ref().is_some_and(|h| h.deadline <= now);
+    let mut live: Vec<_> = lock
+        .live_holders(now)
+        .map(|(fence, h)| {
+            let shared = lock.live_holder(now).is_none();
+            (
+                h.token.to_vec(),
+                fence,
+                h.deadline,
+                h.holds,
+                h.session,
+                shared,
+            )
+        })
+        .collect();
+    live.sort_by_key(|h| h.1);
+    let mlive: Vec<_> = model
+        .live(now)
+        .map(|h| {
+            (
+                h.token.clone(),
+                h.fence,
+                h.deadline,
+                h.holds,
+                h.session,
+                h.shared,
+            )
+        })
+        .collect();
+    assert_eq!(live, mlive, "live holders; {}", ctx());
+    assert_eq!(lock.is_held(now), !mlive.is_empty(), "is_held; {}", ctx());
+    let m_overdue = model.holders.iter().any(|h| h.deadline <= now);
     assert_eq!(lock.is_overdue(now), m_overdue, "overdue; {}", ctx());
-    for probe in [
-        model.fence,
-        model.fence.wrapping_sub(1),
-        model.fence.wrapping_add(1),
-    ] {
-        let expected = model.live(now).is_some() && probe == model.fence;
+    let m_ttl = model.live(now).map(|h| h.deadline - now).min();
+    assert_eq!(lock.ttl(now), m_ttl, "ttl; {}", ctx());
+    if lock.has_holders() || lock.limit() > 0 {
+        assert_eq!(lock.limit(), model.limit, "limit; {}", ctx());
+    }
+    if lock.live_holder(now).is_some() {
+        assert_eq!(live.len(), 1, "an exclusive holder alone; {}", ctx());
+    }
+    if lock.limit() > 0 {
+        assert!(live.len() <= lock.limit() as usize, "permits; {}", ctx());
+    }
+    let mut probes = vec![model.fence, model.fence.wrapping_add(1)];
+    for h in &model.holders {
+        probes.extend([h.fence, h.fence.wrapping_sub(1)]);
+    }
+    for probe in probes {
+        let expected = model.live(now).any(|h| h.fence == probe);
         assert_eq!(
             lock.fence_is_current(probe, now),
             expected,
             "fence_is_current({probe}); {}",
+            ctx()
+        );
+    }
+    for token in TOKENS {
+        assert_eq!(
+            lock.holds(token, now),
+            model.live(now).any(|h| h.token == token),
+            "holds; {}",
             ctx()
         );
     }
@@ -229,6 +329,7 @@ enum Op {
         ttl: u64,
         reentrant: bool,
         session: bool,
+        mode: Mode,
     },
     Release {
         key: usize,
@@ -271,6 +372,12 @@ fn random_op(rng: &mut Rng, keys: usize) -> Op {
             ttl: random_ttl(rng),
             reentrant: rng.chance(30),
             session: rng.chance(30),
+            mode: match rng.below(8) {
+                0..=3 => Mode::Exclusive,
+                4 | 5 => Mode::Shared,
+                6 => Mode::Permit(2),
+                _ => Mode::Permit(1 + rng.below(3) as u32),
+            },
         },
         40..=64 => Op::Release { key, token },
         65..=79 => Op::Renew {
@@ -294,7 +401,7 @@ fn step_time(rng: &mut Rng, now: u64, locks: &[MLock]) -> u64 {
         75..=84 => {
             let deadlines: Vec<u64> = locks
                 .iter()
-                .filter_map(|l| l.holder.as_ref().map(|h| h.deadline))
+                .flat_map(|l| l.holders.iter().map(|h| h.deadline))
                 .filter(|d| *d < now + 10_000_000)
                 .collect();
             if deadlines.is_empty() {
@@ -357,10 +464,19 @@ fn walk(seed: u64, steps: usize) {
                 ttl,
                 reentrant,
                 session,
+                mode,
             } => {
                 let t = TOKENS[token];
-                let got = outcome(real[key].acquire(t, ttl, reentrant, session, floor, now));
-                let want = model[key].acquire(t, ttl, reentrant, session, floor, now);
+                let request = Request {
+                    token: t,
+                    ttl,
+                    reentrant,
+                    session,
+                    delay: 0,
+                    mode,
+                };
+                let got = outcome(real[key].grant(&request, floor, now));
+                let want = model[key].acquire(t, ttl, reentrant, session, mode, floor, now);
                 assert_eq!(got, want, "acquire; {}", ctx());
                 if let MAcquire::Granted(fence) = got {
                     assert!(
@@ -376,29 +492,33 @@ fn walk(seed: u64, steps: usize) {
                     granted.entry(key).or_default().push(fence);
                     floor = floor.max(fence);
                 }
-                if let MAcquire::Granted(f) | MAcquire::Refreshed(f) = got {
-                    let h = real[key].live_holder(now).expect("holder after acquire");
-                    assert_eq!(&*h.token, t, "token after acquire; {}", ctx());
+                if let MAcquire::Granted(f) | MAcquire::Refreshed(f) | MAcquire::Downgraded(f) = got
+                {
+                    let (fence, h) = real[key]
+                        .live_holders(now)
+                        .find(|(_, h)| &*h.token == t)
+                        .expect("holder after acquire");
                     assert_eq!(h.deadline, deadline_after(now, ttl));
-                    assert_eq!(real[key].fence, f);
+                    assert_eq!(fence, f, "the holder's fence; {}", ctx());
+                    assert!(real[key].fence >= f);
                 }
             }
             Op::Release { key, token } => {
                 let t = TOKENS[token];
-                let holder_before = model[key].live(now).map(|h| h.token.clone());
+                let held_before = model[key].live(now).any(|h| h.token == t);
                 let got = real[key].release(t, now);
                 assert_eq!(got, model[key].release(t, now), "release; {}", ctx());
-                // I5: a token that is not the live holder never releases.
-                if holder_before.as_deref() != Some(t) {
+                // I5: a token that is not a live holder never releases.
+                if !held_before {
                     assert_eq!(got, None, "wrong-token release; {}", ctx());
                 }
             }
             Op::Renew { key, token, ttl } => {
                 let t = TOKENS[token];
-                let holder_before = model[key].live(now).map(|h| h.token.clone());
+                let held_before = model[key].live(now).any(|h| h.token == t);
                 let got = real[key].renew(t, ttl, now);
                 assert_eq!(got, model[key].renew(t, ttl, now), "renew; {}", ctx());
-                if holder_before.as_deref() != Some(t) {
+                if !held_before {
                     assert!(!got, "wrong-token renew; {}", ctx());
                 }
             }
@@ -468,13 +588,16 @@ fn fence_exhaustion_is_reported_not_wrapped() {
     assert_eq!(got, MAcquire::Granted(MAX_FENCE));
     assert_eq!(
         got,
-        model.acquire(b"a", 10, false, false, MAX_FENCE - 1, now)
+        model.acquire(b"a", 10, false, false, Mode::Exclusive, MAX_FENCE - 1, now)
     );
     assert_eq!(real.release(b"a", now), Some(true));
     assert_eq!(model.release(b"a", now), Some(true));
     let got = outcome(real.acquire(b"b", 10, false, false, MAX_FENCE, now));
     assert_eq!(got, MAcquire::Exhausted);
-    assert_eq!(got, model.acquire(b"b", 10, false, false, MAX_FENCE, now));
+    assert_eq!(
+        got,
+        model.acquire(b"b", 10, false, false, Mode::Exclusive, MAX_FENCE, now)
+    );
     assert_eq!(real.fence, MAX_FENCE, "an exhausted grant changes nothing");
     assert!(!real.is_held(now));
 }

@@ -39,6 +39,7 @@ pub struct Request {
     pub session: bool,
     /// The grant's lock-delay, in ms (0: none).
     pub delay: u64,
+    pub mode: core::Mode,
     pub client: u64,
     pub sync: Option<SyncRequest>,
 }
@@ -52,6 +53,7 @@ impl Request {
             reentrant: self.reentrant,
             session: self.session,
             delay: self.delay,
+            mode: self.mode,
         }
     }
 }
@@ -270,6 +272,17 @@ impl<H> Queues<H> {
             .is_some_and(|(head, _)| *head == id)
     }
 
+    /// What the queued single-key acquirer `id` asked for.
+    pub fn request_of(&self, db: i32, key: &[u8], id: u64) -> Option<&Request> {
+        match self.queue(db, key)?.acquirers.get(&id)? {
+            Slot::Waiter(Waiter {
+                kind: Kind::Acquire(request),
+                ..
+            }) => Some(request),
+            _ => None,
+        }
+    }
+
     /// The token a queued acquirer asked for.
     pub fn token_of(&self, tag: &Tag) -> Option<Box<[u8]>> {
         let (db, key) = &tag.key;
@@ -280,6 +293,22 @@ impl<H> Queues<H> {
             }) => Some(request.token.clone()),
             _ => None,
         }
+    }
+
+    /// The acquirers queued on `key`: (exclusive, shared or permit).
+    pub fn acquirers_by_mode(&self, db: i32, key: &[u8]) -> (usize, usize) {
+        let Some(queue) = self.queue(db, key) else {
+            return (0, 0);
+        };
+        let shared = queue
+            .acquirers
+            .values()
+            .filter(|slot| {
+                matches!(slot, Slot::Waiter(Waiter { kind: Kind::Acquire(r), .. })
+                    if r.mode != core::Mode::Exclusive)
+            })
+            .count();
+        (queue.acquirers.len() - shared, shared)
     }
 
     /// True when the first acquirer queued on `key` asked for SYNC (its answer waits for
@@ -293,17 +322,18 @@ impl<H> Queues<H> {
             })
     }
 
-    /// Takes the watchers of `key` whose wait is over: all when the lock is free (`current` is
-    /// `None`), else those that waited on a grant other than the current one.
-    pub fn take_watchers(&mut self, db: i32, key: &[u8], current: Option<u64>) -> Vec<Waiter<H>> {
+    /// Takes the watchers of `key` whose wait is over: all when the lock is free (`oldest` is
+    /// `None`), else those that waited on grants older than `oldest`, the fence of the oldest
+    /// current holder (each watcher waits for every holder up to the fence it noted).
+    pub fn take_watchers(&mut self, db: i32, key: &[u8], oldest: Option<u64>) -> Vec<Waiter<H>> {
         let woken = self
             .with_queue(db, key, |queue| {
-                let kept = current.and_then(|fence| queue.watchers.remove_entry(&fence));
+                let kept = oldest.map(|fence| queue.watchers.split_off(&fence));
                 let woken: Vec<Waiter<H>> = std::mem::take(&mut queue.watchers)
                     .into_values()
                     .flat_map(BTreeMap::into_values)
                     .collect();
-                queue.watchers.extend(kept);
+                queue.watchers = kept.unwrap_or_default();
                 queue.watcher_count -= woken.len();
                 woken
             })
@@ -403,6 +433,7 @@ mod tests {
                 reentrant: false,
                 session: false,
                 delay: 0,
+                mode: core::Mode::Exclusive,
                 client: 1,
                 sync: None,
             }),

@@ -29,32 +29,82 @@ pub struct Session {
 
 #[derive(Default)]
 struct Sessions {
-    by_key: HashMap<KeyRef, Session>,
-    /// Client id -> lock keys it owns.
+    /// Key -> the sessions of its holders (one for an exclusive lock; one per shared or permit
+    /// holder that asked for SESSION).
+    by_key: HashMap<KeyRef, Vec<Session>>,
+    /// Client id -> lock keys it owns a session on.
     by_client: HashMap<u64, HashSet<KeyRef>>,
-    /// A session whose key was just renamed or moved away, until its new name is announced.
-    moving: Option<Session>,
+    /// The sessions of a key just renamed or moved away, until its new name is announced.
+    moving: Option<Vec<Session>>,
 }
 
 impl Sessions {
+    /// Records `session` on `key`, replacing the session of the same token, and those of an
+    /// older value of the key.
     fn insert(&mut self, key: KeyRef, session: Session) {
-        self.remove(&key);
+        let list = self.by_key.entry(key.clone()).or_default();
+        let mut dropped = Vec::new();
+        list.retain(|s| {
+            let keep = *s.token != *session.token && s.lock_id == session.lock_id;
+            if !keep {
+                dropped.push(s.client);
+            }
+            keep
+        });
         self.by_client
             .entry(session.client)
             .or_default()
             .insert(key.clone());
-        self.by_key.insert(key, session);
+        list.push(session);
+        for client in dropped {
+            self.unlink(client, &key);
+        }
     }
 
-    fn remove(&mut self, key: &KeyRef) -> Option<Session> {
-        let session = self.by_key.remove(key)?;
-        if let Some(keys) = self.by_client.get_mut(&session.client) {
+    /// Forgets that `client` owns a session on `key`, unless it still does.
+    fn unlink(&mut self, client: u64, key: &KeyRef) {
+        let still = self
+            .by_key
+            .get(key)
+            .is_some_and(|list| list.iter().any(|s| s.client == client));
+        if still {
+            return;
+        }
+        if let Some(keys) = self.by_client.get_mut(&client) {
             keys.remove(key);
             if keys.is_empty() {
-                self.by_client.remove(&session.client);
+                self.by_client.remove(&client);
             }
         }
-        Some(session)
+    }
+
+    fn remove(&mut self, key: &KeyRef) -> Option<Vec<Session>> {
+        let list = self.by_key.remove(key)?;
+        for session in &list {
+            self.unlink(session.client, key);
+        }
+        Some(list)
+    }
+
+    /// Keeps the sessions of `key` whose token `holds`.
+    fn retain(&mut self, key: &KeyRef, holds: impl Fn(&[u8]) -> bool) {
+        let Some(list) = self.by_key.get_mut(key) else {
+            return;
+        };
+        let mut dropped = Vec::new();
+        list.retain(|s| {
+            let keep = holds(&s.token);
+            if !keep {
+                dropped.push(s.client);
+            }
+            keep
+        });
+        if list.is_empty() {
+            self.by_key.remove(key);
+        }
+        for client in dropped {
+            self.unlink(client, key);
+        }
     }
 }
 
@@ -67,7 +117,7 @@ fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
     let mut sessions = super::locked(&SESSIONS);
     let result = f(&mut sessions);
     OWNED.store(
-        sessions.by_key.len() + usize::from(sessions.moving.is_some()),
+        sessions.by_key.len() + sessions.moving.as_ref().map_or(0, Vec::len),
         Ordering::Relaxed,
     );
     result
@@ -92,12 +142,18 @@ pub fn claim(key: KeyRef, client: u64, token: &[u8], lock_id: u64) {
     });
 }
 
-/// Forgets the session of `key` (the lock was released, expired, forced or deleted, or another
-/// value took the key's place).
+/// Forgets the sessions of `key` (the lock was deleted, or another value took the key's
+/// place).
 pub fn forget(key: &KeyRef) {
     with(|s| {
         s.remove(key);
     });
+}
+
+/// Forgets the sessions of `key` whose token no longer holds the lock (a hold was released,
+/// expired or forced).
+pub fn keep_only(key: &KeyRef, holds: impl Fn(&[u8]) -> bool) {
+    with(|s| s.retain(key, holds));
 }
 
 /// The key was renamed or moved away (`rename_from`, `move_from`): its session waits for
@@ -106,12 +162,12 @@ pub fn leaving(key: &KeyRef) {
     with(|s| s.moving = s.remove(key));
 }
 
-/// A key arrived under this name (`rename_to`, `move_to`): whatever session the name had
-/// belonged to the value it replaced; the session that was [`leaving`] moves here.
+/// A key arrived under this name (`rename_to`, `move_to`): whatever sessions the name had
+/// belonged to the value it replaced; the sessions that were [`leaving`] move here.
 pub fn arrived(key: &KeyRef) {
     with(|s| {
         s.remove(key);
-        if let Some(session) = s.moving.take() {
+        for session in s.moving.take().unwrap_or_default() {
             s.insert(key.clone(), session);
         }
     });
@@ -135,18 +191,20 @@ pub fn flushed(db: Option<i32>) {
 /// SWAPDB of `a` and `b`: the sessions follow their data.
 pub fn swapped(a: i32, b: i32) {
     with(|s| {
-        let moved: Vec<(KeyRef, Session)> = s
+        let moved: Vec<(KeyRef, Vec<Session>)> = s
             .by_key
             .keys()
             .filter(|(d, _)| *d == a || *d == b)
             .cloned()
             .collect::<Vec<_>>()
             .into_iter()
-            .filter_map(|key| s.remove(&key).map(|session| (key, session)))
+            .filter_map(|key| s.remove(&key).map(|list| (key, list)))
             .collect();
-        for ((db, name), session) in moved {
+        for ((db, name), list) in moved {
             let db = if db == a { b } else { a };
-            s.insert((db, name), session);
+            for session in list {
+                s.insert((db, name.clone()), session);
+            }
         }
     });
 }
@@ -160,12 +218,20 @@ pub fn owns_any(client: u64) -> bool {
 pub fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
     with(|s| {
         let keys = s.by_client.remove(&client).unwrap_or_default();
-        keys.into_iter()
-            .filter_map(|key| {
-                let session = s.by_key.remove(&key)?;
-                (session.client == client).then_some((key, session))
-            })
-            .collect()
+        let mut owned = Vec::new();
+        for key in keys {
+            let Some(list) = s.by_key.get_mut(&key) else {
+                continue;
+            };
+            let (mine, others): (Vec<Session>, Vec<Session>) =
+                list.drain(..).partition(|session| session.client == client);
+            *list = others;
+            if list.is_empty() {
+                s.by_key.remove(&key);
+            }
+            owned.extend(mine.into_iter().map(|session| (key.clone(), session)));
+        }
+        owned
     })
 }
 
@@ -223,6 +289,25 @@ mod tests {
         assert_eq!(
             disconnected(301),
             vec![(key(7, "s5"), session(301, b"t", 4))]
+        );
+    }
+
+    #[test]
+    fn shared_holders_keep_a_session_each() {
+        claim(key(0, "s6"), 501, b"r1", 8);
+        claim(key(0, "s6"), 502, b"r2", 8);
+        claim(key(0, "s6"), 501, b"r3", 8);
+        keep_only(&key(0, "s6"), |token| token != b"r3");
+        assert_eq!(
+            disconnected(501),
+            vec![(key(0, "s6"), session(501, b"r1", 8))]
+        );
+        // A new value of the key replaces the sessions of the old one.
+        claim(key(0, "s6"), 503, b"x", 9);
+        assert!(disconnected(502).is_empty());
+        assert_eq!(
+            disconnected(503),
+            vec![(key(0, "s6"), session(503, b"x", 9))]
         );
     }
 

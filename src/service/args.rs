@@ -7,6 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
+use crate::lock::core::Mode;
 use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -148,6 +149,25 @@ fn unknown(ctx: &Context, position: usize, expected: &'static str) -> LockError 
     LockError::UnknownOption { position, expected }
 }
 
+/// The most permits a semaphore may have: each permit holder is looked through by the commands
+/// on its key.
+pub const MAX_LIMIT: u32 = 10_000;
+
+/// `LIMIT n`: a number of permits, 1 to [`MAX_LIMIT`].
+fn limit(arg: &RedisString) -> Result<u32, LockError> {
+    let value = parse_integer(arg).ok_or(LockError::BadInteger {
+        name: "limit",
+        detail: "not an integer",
+    })?;
+    u32::try_from(value)
+        .ok()
+        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .ok_or(LockError::BadInteger {
+            name: "limit",
+            detail: "must be between 1 and 10000",
+        })
+}
+
 /// The options of `LOCK.ACQUIRE`, after key, token and ttl-ms.
 #[derive(Default)]
 pub struct AcquireOptions {
@@ -157,13 +177,30 @@ pub struct AcquireOptions {
     pub sync: Option<SyncRequest>,
     /// `LOCKDELAY ms`; `lock.lock-delay` applies when absent (see [`AcquireOptions::delay`]).
     pub lock_delay: Option<u64>,
+    /// `SHARED`: a shared hold.
+    pub shared: bool,
+    /// `LIMIT n`: a permit of a semaphore of n permits.
+    pub limit: Option<u32>,
 }
 
 impl AcquireOptions {
-    /// The grant's lock-delay: the option, or the configured default.
+    /// The grant's lock-delay: the option, or the configured default; none for shared holds
+    /// and permits.
     pub fn delay(&self) -> u64 {
+        if self.mode() != Mode::Exclusive {
+            return 0;
+        }
         self.lock_delay
             .unwrap_or_else(|| u64::try_from(config::LOCK_DELAY.get()).unwrap_or(0))
+    }
+
+    /// The kind of hold asked for: LIMIT makes it a permit (SHARED beside it changes nothing).
+    pub fn mode(&self) -> Mode {
+        match (self.limit, self.shared) {
+            (Some(limit), _) => Mode::Permit(limit),
+            (None, true) => Mode::Shared,
+            (None, false) => Mode::Exclusive,
+        }
     }
 
     /// Parses the options, the first of them at argument `first` (counted after the command
@@ -204,13 +241,28 @@ impl AcquireOptions {
                     detail: "missing after LOCKDELAY",
                 })?;
                 options.lock_delay = Some(lock_delay(ctx, value)?);
+            } else if word.eq_ignore_ascii_case(b"SHARED") {
+                if options.shared {
+                    return Err(LockError::RepeatedOption("SHARED"));
+                }
+                options.shared = true;
+            } else if word.eq_ignore_ascii_case(b"LIMIT") {
+                once(&options.limit, "LIMIT")?;
+                let (_, value) = rest.next().ok_or(LockError::BadInteger {
+                    name: "limit",
+                    detail: "missing after LIMIT",
+                })?;
+                options.limit = Some(limit(value)?);
             } else {
                 return Err(unknown(
                     ctx,
                     first + at,
-                    "WAIT, REENTRANT, SESSION, SYNC or LOCKDELAY",
+                    "WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED or LIMIT",
                 ));
             }
+        }
+        if options.lock_delay.is_some() && options.mode() != Mode::Exclusive {
+            return Err(LockError::ExclusiveOnly("LOCKDELAY"));
         }
         Ok(options)
     }

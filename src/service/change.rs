@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::host::keys;
 use crate::host::server::{is_cluster, selected_db};
 use crate::lock::codec::State;
-use crate::lock::core::{Acquire, FenceExhausted, Lock, Request};
+use crate::lock::core::{Acquire, Lock, Mode, Refused, Request};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::lease_index::short_id;
@@ -38,30 +38,35 @@ pub fn change(
     effects::propagate(ctx, key, event, stored, before);
     if event.frees() {
         if sessions::any() {
-            sessions::forget(&waiters::key_ref(ctx, key));
+            let lock = stored.lock();
+            sessions::keep_only(&waiters::key_ref(ctx, key), |token| lock.holds(token, now));
         }
         hand_over(ctx, key, stored, now);
     }
     Some(event)
 }
 
-/// After a change that freed the lock: lets Redis serve the queue (the head acquirer is granted
-/// the lock from its reply callback, right after the current command or callback) and wakes
-/// the `LOCK.WAIT` watchers whose wait is over.
+/// After a change that freed the lock (or a permit, or made room for shared holders): lets Redis
+/// serve the queue (the head acquirer is granted from its reply callback, right after the
+/// current command or callback) and wakes the `LOCK.WAIT` watchers whose wait is over.
 pub fn hand_over(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) {
-    if stored.lock().is_available(now) && waiters::queued(ctx, key) {
+    if stored.lock().has_room(now) && waiters::queued(ctx, key) {
         waiters::signal_ready(ctx, key);
     }
     waiters::wake_watchers(ctx, key, stored.lock(), now);
 }
 
-/// Removes a holder whose lease already ran out, as the expiry timer would have.
+/// Removes the holders whose lease already ran out, as the expiry timer would have: one change
+/// (announced and replicated) per holder.
 pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
-    if stored.lock().is_overdue(now) {
-        metrics::EXPIRED.incr();
-        change(ctx, key, stored, now, |lock| {
+    while stored.lock().is_overdue(now) {
+        let expired = change(ctx, key, stored, now, |lock| {
             lock.expire(now).then_some(Event::Expired)
         });
+        if expired.is_none() {
+            break;
+        }
+        metrics::EXPIRED.incr();
     }
 }
 
@@ -250,24 +255,36 @@ pub fn release_key(
 }
 
 /// Grants `request` on the stored lock (or refreshes the requester's own hold), announced and
-/// replicated as `lock.acquire`; busy changes nothing.
+/// replicated as `lock.acquire` (a downgrade as `lock.downgrade`); busy changes nothing.
 pub fn grant_stored(
     ctx: &Context,
     name: &RedisString,
     stored: &mut Stored,
     request: &Request,
     now: u64,
-) -> Result<Acquire, FenceExhausted> {
+) -> Result<Acquire, Refused> {
     let mut outcome = Ok(Acquire::Busy);
     change(ctx, name, stored, now, |lock| {
         outcome = lock.grant(request, floor::get(), now);
-        matches!(
-            outcome,
-            Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. })
-        )
-        .then_some(Event::Acquire)
+        match outcome {
+            Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => Some(Event::Acquire),
+            Ok(Acquire::Downgraded { .. }) => Some(Event::Downgrade),
+            Ok(Acquire::Busy) | Err(_) => None,
+        }
     });
+    if let Ok(Acquire::Granted { .. }) = outcome {
+        count_grant(request.mode);
+    }
     outcome
+}
+
+/// Counts a new grant by its kind (INFO `lock_shared_grants`, `lock_permit_grants`).
+pub fn count_grant(mode: Mode) {
+    match mode {
+        Mode::Exclusive => {}
+        Mode::Shared => metrics::SHARED_GRANTS.incr(),
+        Mode::Permit(_) => metrics::PERMIT_GRANTS.incr(),
+    }
 }
 
 /// Grants one key that was found grantable (LOCK.MACQUIRE, a multi-lock waiter): (fence, lock
@@ -287,6 +304,7 @@ pub fn grant_key(
             if outcome.is_err() {
                 (outcome, 0)
             } else {
+                count_grant(request.mode);
                 key.set_value(&LOCK_TYPE, Stored::granted(lock))
                     .map_err(|_| LockError::internal("a new lock could not be stored"))?;
                 let stored = in_key_mut(key)?
@@ -298,9 +316,11 @@ pub fn grant_key(
     };
     match outcome {
         (Ok(Acquire::Granted { fence }), id) => Ok((fence, id, true)),
-        (Ok(Acquire::Refreshed { fence }), id) => Ok((fence, id, false)),
+        (Ok(Acquire::Refreshed { fence } | Acquire::Downgraded { fence }), id) => {
+            Ok((fence, id, false))
+        }
         // Checked grantable just before, in the same command: cannot happen.
         (Ok(Acquire::Busy), _) => Err(LockError::internal("a key found free was busy")),
-        (Err(_), _) => Err(LockError::FenceExhausted),
+        (Err(refused), _) => Err(refused.into()),
     }
 }

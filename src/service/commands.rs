@@ -10,7 +10,7 @@ use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{client_id, is_loading, is_replayed, may_block, now_ms, parse_integer};
 use crate::lock::codec;
-use crate::lock::core::{self, Acquire, Lock};
+use crate::lock::core::{self, Acquire, Lock, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request};
@@ -19,7 +19,8 @@ use crate::metrics;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{
-    change, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due, release_key,
+    change, count_grant, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due,
+    release_key,
 };
 use crate::service::effects;
 use crate::service::guard::guard;
@@ -75,7 +76,8 @@ impl crate::host::command::DeclaresKeys for LockGuard {
     }
 }
 
-/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION]`
+/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION] [SYNC n ms]
+/// [LOCKDELAY ms] [SHARED | LIMIT n]`
 fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let [_, key_name, token, ttl, options @ ..] = args else {
         return Err(LockError::WrongArity);
@@ -95,21 +97,19 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         reentrant: options.reentrant,
         session: options.session,
         delay: options.delay(),
+        mode: options.mode(),
     };
-    let grant = |lock: &mut Lock| lock.grant(&request, floor::get(), now);
     // The grant's outcome, and the id of the lock value it concerns.
     let (outcome, lock_id) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            let holds_it = stored
-                .lock()
-                .live_holder(now)
-                .is_some_and(|h| *h.token == *token);
-            // Queued waiters are not overtaken: only their holder may re-acquire.
+            let holds_it = stored.lock().holds(token, now);
+            // Queued waiters are not overtaken: only a holder may re-acquire (or downgrade).
+            // What could never be granted is refused all the same.
             let outcome = if holds_it || !waiters::queued(ctx, key_name) {
                 grant_stored(ctx, key_name, stored, &request, now)
             } else {
-                Ok(Acquire::Busy)
+                stored.lock().admit(&request, now).map(|_| Acquire::Busy)
             };
             (outcome, stored.id())
         }
@@ -121,9 +121,10 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
         None => {
             let mut lock = Lock::default();
-            let outcome = grant(&mut lock);
+            let outcome = lock.grant(&request, floor::get(), now);
             let mut lock_id = 0;
             if outcome.is_ok() {
+                count_grant(request.mode);
                 key.set_value(&LOCK_TYPE, Stored::granted(lock))
                     .map_err(|_| LockError::internal("a new lock could not be stored"))?;
                 let stored = in_key_mut(&key)?
@@ -134,8 +135,10 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             (outcome, lock_id)
         }
     };
-    match outcome.map_err(|_| LockError::FenceExhausted)? {
-        grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence }) => {
+    match outcome.map_err(LockError::from)? {
+        grant @ (Acquire::Granted { fence }
+        | Acquire::Refreshed { fence }
+        | Acquire::Downgraded { fence }) => {
             if options.session {
                 let key_ref = waiters::key_ref(ctx, key_name);
                 sessions::claim(key_ref, client_id(ctx), token, lock_id);
@@ -174,6 +177,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     reentrant: options.reentrant,
                     session: options.session,
                     delay: request.delay,
+                    mode: request.mode,
                     client: client_id(ctx),
                     sync: options.sync,
                 };
@@ -290,11 +294,23 @@ fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let lock = stored.lock();
     let live = lock.live_holder(now);
+    let count = |n: usize| RedisValue::Integer(i64::try_from(n).unwrap_or(i64::MAX));
     let ttl = lock
         .ttl(now)
         .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
-    let waiters = i64::try_from(waiters::waiting_on(ctx, key_name)).unwrap_or(i64::MAX);
-    let state = if live.is_some() { "held" } else { "free" };
+    let waiters = waiters::waiting_on(ctx, key_name);
+    let (exclusive_waiters, shared_waiters) = waiters::acquirers_by_mode(ctx, key_name);
+    let state = if lock.is_held(now) { "held" } else { "free" };
+    let mode = if lock.limit() > 0 {
+        "semaphore"
+    } else if live.is_some() {
+        "exclusive"
+    } else if lock.live_members(now).next().is_some() {
+        "shared"
+    } else {
+        "none"
+    };
+    let holders = || lock.live_holders(now).map(|(_, h)| h);
     reply_map(
         ctx,
         vec![
@@ -303,13 +319,10 @@ fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
             ("ttl", RedisValue::Integer(ttl)),
             (
                 "holds",
-                RedisValue::Integer(live.map_or(0, |h| i64::from(h.holds))),
+                RedisValue::Integer(holders().map(|h| i64::from(h.holds)).sum()),
             ),
-            ("waiters", RedisValue::Integer(waiters)),
-            (
-                "session",
-                RedisValue::Integer(live.map_or(0, |h| i64::from(h.session))),
-            ),
+            ("waiters", count(waiters)),
+            ("session", count(holders().filter(|h| h.session).count())),
             (
                 "lock_delay",
                 RedisValue::Integer(live.map_or(0, |h| i64::try_from(h.delay).unwrap_or(i64::MAX))),
@@ -321,6 +334,11 @@ fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
                         .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX)),
                 ),
             ),
+            ("mode", RedisValue::SimpleStringStatic(mode)),
+            ("holders", count(holders().count())),
+            ("limit", RedisValue::Integer(i64::from(lock.limit()))),
+            ("waiters_exclusive", count(exclusive_waiters)),
+            ("waiters_shared", count(shared_waiters)),
         ],
     )
 }
@@ -333,7 +351,8 @@ fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let timeout = args::timeout(timeout)?;
     let now = now_ms();
     let key = ctx.open_key(key_name);
-    let held = in_key(&key)?.and_then(|s| s.lock().live_holder(now).map(|_| s.lock().fence));
+    // The wait is for every current holder to go: those with a fence up to the key's latest.
+    let held = in_key(&key)?.and_then(|s| s.lock().is_held(now).then_some(s.lock().fence));
     match held {
         None => Ok(RedisValue::Integer(1)),
         Some(fence) if may_block(ctx) => {
@@ -360,22 +379,34 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     if effect.event == Event::Reclaim {
         return apply_reclaim(ctx, &key, key_name);
     }
-    let before = match in_key_mut(&key)? {
+    let (before, old_fence) = match in_key_mut(&key)? {
         Some(stored) => {
-            let before = stored.due();
+            let before = (stored.due(), stored.lock().fence);
             stored.update(|current| *current = effect.lock);
             before
         }
         None => {
             key.set_value(&LOCK_TYPE, Stored::new(effect.lock))
                 .map_err(|_| LockError::internal("an applied lock could not be stored"))?;
-            None
+            (None, 0)
         }
     };
     let stored =
         in_key_mut(&key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
     if !is_loading(ctx) {
         count_applied(effect.event);
+        let lock = stored.lock();
+        // A new shared hold or permit: the newest member has the key's new fence.
+        let new_member =
+            lock.fence > old_fence && lock.members().last().is_some_and(|m| m.fence == lock.fence);
+        if effect.event == Event::Acquire && new_member {
+            let limit = lock.limit();
+            count_grant(if limit > 0 {
+                Mode::Permit(limit)
+            } else {
+                Mode::Shared
+            });
+        }
         if matches!(effect.event, Event::Expired | Event::SessionEnd)
             && stored.lock().delay_ttl(now_ms()).is_some()
         {
@@ -424,6 +455,7 @@ fn floor_cmd(ctx: &Context, args: &[RedisString]) -> CommandResult {
 fn count_applied(event: Event) {
     match event {
         Event::Acquire => metrics::ACQUIRED.incr(),
+        Event::Downgrade => {}
         Event::Release | Event::DropHold => metrics::RELEASED.incr(),
         Event::SessionEnd => metrics::SESSION_RELEASED.incr(),
         Event::Renew => metrics::RENEWED.incr(),

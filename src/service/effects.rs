@@ -9,11 +9,14 @@ use redis_module::{Context, NotifyEvent, RedisString};
 
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
-use crate::lock::codec::{Effect, State};
+use crate::lock::codec::{self, Effect, State};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::service::leases;
 use crate::service::value::{Stored, APPLY};
+
+/// The name of the internal effect command (see `value::APPLY`).
+const APPLY_NAME: &str = "LOCK.APPLY";
 
 /// The name of the internal floor command.
 pub const FLOOR: &str = "LOCK.FLOOR";
@@ -58,6 +61,14 @@ pub fn propagate(
 ) {
     announce(ctx, key, event, stored, old_due);
     let lock = stored.lock();
+    if lock.group.is_some() {
+        // Shared or permit holders: one state and token per holder.
+        let mut args = codec::effect_args(event, lock);
+        args.insert(0, key.as_slice().to_vec());
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        ctx.replicate(APPLY_NAME, refs.as_slice());
+        return;
+    }
     let state = State::of(event, lock);
     let token = lock.holder.as_ref().map(|h| &*h.token);
     keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), token);

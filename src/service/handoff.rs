@@ -14,7 +14,7 @@ use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
-use crate::lock::core::Acquire;
+use crate::lock::core::{self, Acquire, Admit, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::locked;
@@ -22,7 +22,7 @@ use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
-use crate::service::change::{change, expire_overdue, grant_key};
+use crate::service::change::{change, count_grant, expire_overdue, grant_key};
 use crate::service::value::{in_key_mut, Stored};
 use crate::service::waiters;
 
@@ -210,6 +210,11 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
                 if !own && !lock.is_available(now) {
                     return None;
                 }
+                // A key that became a semaphore meanwhile: the error is the answer.
+                if let Err(refused) = lock.admit(&exclusive(&token), now) {
+                    waiters::remove(tag)?;
+                    return Some(Err(refused.into()));
+                }
             }
             Ok(None) => {}
             // Another type took a name: keep waiting for it to become a lock again.
@@ -264,16 +269,23 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         _ => return None,
     };
     if let Some(waited_on) = tag.watch {
-        let lock = stored.lock();
-        let over = lock
-            .live_holder(now)
-            .is_none_or(|_| lock.fence != waited_on);
+        // Over when every holder up to the fence noted has gone.
+        let over = stored
+            .lock()
+            .live_holders(now)
+            .all(|(fence, _)| fence > waited_on);
         return (over && waiters::remove(tag).is_some()).then_some(Ok(RedisValue::Integer(1)));
     }
     expire_overdue(ctx, &key_name, stored, now);
-    // Held, or in a lock-delay (the lease timer hands it over when that ends).
-    if !stored.lock().is_available(now) {
-        return None;
+    // Held in a way that excludes the head, or in a lock-delay (the lease timer hands it over
+    // when that ends). A request that can never be granted gets its error.
+    match head_admitted(stored, tag, now) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(error) => {
+            waiters::remove(tag)?;
+            return Some(Err(error));
+        }
     }
     if waiters::queues().head_syncs(*db, name) {
         // A reply callback that writes must answer (Redis 7.0 propagates its writes only then),
@@ -283,11 +295,42 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         return None;
     }
     let granted = grant_head(ctx, &key_name, stored, tag, now)?;
+    // A shared grant may leave room for the next waiter too: the run of shared requests at the
+    // head of the queue is granted together.
+    if stored.lock().has_room(now) && waiters::queued(ctx, &key_name) {
+        waiters::signal_ready(ctx, &key_name);
+    }
     Some(
         granted
             .outcome
             .map(|fence| RedisValue::Integer(fence_reply(fence))),
     )
+}
+
+/// An exclusive request of `token` (what a multi-lock waiter asks of each key).
+fn exclusive(token: &[u8]) -> core::Request<'_> {
+    core::Request {
+        token,
+        ttl: 0,
+        reentrant: false,
+        session: false,
+        delay: 0,
+        mode: Mode::Exclusive,
+    }
+}
+
+/// True when the queued acquirer `tag` may be granted what it asked for now, an error when it
+/// never can be.
+fn head_admitted(stored: &Stored, tag: &Tag, now: u64) -> Result<bool, LockError> {
+    let (db, name) = &tag.key;
+    let queues = waiters::queues();
+    let Some(request) = queues.request_of(*db, name, tag.id) else {
+        return Ok(false);
+    };
+    match stored.lock().admit(&request.grant(), now)? {
+        Admit::Busy => Ok(false),
+        Admit::New | Admit::Refresh | Admit::Downgrade => Ok(true),
+    }
 }
 
 /// A grant to the head of a queue.
@@ -317,10 +360,21 @@ fn grant_head(
     let grant = request.grant();
     change(ctx, key_name, stored, now, |lock| {
         outcome = lock.grant(&grant, floor::get(), now);
-        matches!(outcome, Ok(Acquire::Granted { .. })).then_some(Event::Acquire)
+        match outcome {
+            Ok(Acquire::Granted { .. }) => Some(Event::Acquire),
+            Ok(Acquire::Downgraded { .. }) => Some(Event::Downgrade),
+            _ => None,
+        }
     });
+    if let Ok(Acquire::Granted { .. }) = outcome {
+        count_grant(request.mode);
+    }
     let (outcome, new) = match outcome {
-        Ok(grant @ (Acquire::Granted { fence } | Acquire::Refreshed { fence })) => {
+        Ok(
+            grant @ (Acquire::Granted { fence }
+            | Acquire::Refreshed { fence }
+            | Acquire::Downgraded { fence }),
+        ) => {
             if request.session {
                 sessions::claim(tag.key.clone(), request.client, &request.token, lock_id);
             }
@@ -330,7 +384,7 @@ fn grant_head(
             (Ok(fence), matches!(grant, Acquire::Granted { .. }))
         }
         Ok(Acquire::Busy) => return None,
-        Err(_) => (Err(LockError::FenceExhausted), false),
+        Err(refused) => (Err(refused.into()), false),
     };
     Some(HeadGrant {
         waiter: head,
@@ -378,7 +432,9 @@ fn grant_deferred(ctx: &Context) {
             continue;
         };
         expire_overdue(ctx, &key_name, stored, now);
-        if !stored.lock().is_available(now) || !waiters::queues().is_head(*db, name, tag.id) {
+        if !waiters::queues().is_head(*db, name, tag.id)
+            || !head_admitted(stored, &tag, now).unwrap_or(true)
+        {
             continue;
         }
         let Some(granted) = grant_head(ctx, &key_name, stored, &tag, now) else {

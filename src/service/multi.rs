@@ -10,7 +10,7 @@ use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
 use crate::host::server::{client_id, may_block, now_ms, parse_integer};
-use crate::lock::core::Request;
+use crate::lock::core::{Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
@@ -89,6 +89,8 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     for (given, name) in [
         (options.reentrant, "REENTRANT"),
         (options.sync.is_some(), "SYNC"),
+        (options.shared, "SHARED"),
+        (options.limit.is_some(), "LIMIT"),
     ] {
         if given {
             return Err(LockError::NotForMulti(name));
@@ -101,6 +103,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         reentrant: false,
         session: options.session,
         delay: options.delay(),
+        mode: Mode::Exclusive,
     };
     let opened: Vec<RedisKeyWritable> = keys.iter().map(|k| ctx.open_key_writable(k)).collect();
     // Every key is looked at before any changes: a key of another type refuses the whole call.
@@ -112,9 +115,12 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         grantable &= match in_key_mut(key)? {
             Some(stored) => {
                 expire_overdue(ctx, name, stored, now);
-                let lock = stored.lock();
-                let holds_it = lock.live_holder(now).is_some_and(|h| *h.token == *token);
-                holds_it || (lock.is_available(now) && !waiters::queued(ctx, name))
+                // A semaphore, or a shared hold of this token, refuses the whole call here.
+                match stored.lock().admit(&request, now)? {
+                    Admit::Refresh | Admit::Downgrade => true,
+                    Admit::New => !waiters::queued(ctx, name),
+                    Admit::Busy => false,
+                }
             }
             None => !waiters::queued(ctx, name),
         };
@@ -138,6 +144,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             reentrant: false,
             session: options.session,
             delay: request.delay,
+            mode: Mode::Exclusive,
             client: client_id(ctx),
             sync: None,
         };

@@ -55,10 +55,10 @@ impl Stored {
         let now = now_ms();
         floor::raise(lock.fence, now);
         metrics::KEYS.add(1);
-        if lock.holder.is_some() {
+        if lock.has_holders() {
             metrics::HELD.add(1);
         }
-        let reclaim_at = lock.holder.is_none().then(|| reclaim_time(now));
+        let reclaim_at = (!lock.has_holders()).then(|| reclaim_time(now));
         let mut stored = Stored {
             lock,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -74,7 +74,7 @@ impl Stored {
     /// are looked at when it ends, and the lock (with the delay) is not deleted before.
     fn follow_delay(&mut self, now: u64) {
         let until = self.lock.delayed_until;
-        if self.lock.holder.is_none() && until > now {
+        if !self.lock.has_holders() && until > now {
             self.wake_at = Some(until);
             self.reclaim_at = self.reclaim_at.map(|at| at.max(until));
         } else {
@@ -95,7 +95,7 @@ impl Stored {
     /// A value created by a grant, whose hold starts now.
     pub fn granted(lock: Lock) -> Self {
         let mut stored = Stored::new(lock);
-        if stored.lock.holder.is_some() {
+        if stored.lock.has_holders() {
             stored.held_since = Some(metrics::monotonic_us());
         }
         stored
@@ -109,11 +109,11 @@ impl Stored {
         &self.lock
     }
 
-    /// When the lease index should look at this lock next: the lease deadline when held, the
-    /// reclaim time when free.
+    /// When the lease index should look at this lock next: the earliest lease deadline when
+    /// held, the reclaim time when free.
     pub fn due(&self) -> Option<u64> {
-        match (&self.lock.holder, self.wake_at) {
-            (Some(holder), _) => Some(holder.deadline),
+        match (self.lock.next_deadline(), self.wake_at) {
+            (Some(deadline), _) => Some(deadline),
             (None, Some(wake)) => Some(self.reclaim_at.map_or(wake, |at| at.min(wake))),
             (None, None) => self.reclaim_at,
         }
@@ -121,14 +121,14 @@ impl Stored {
 
     /// For a free lock: true when its tombstone time is up at `now` (and no lock-delay runs).
     pub fn reclaimable(&self, now: u64) -> bool {
-        self.lock.holder.is_none()
+        !self.lock.has_holders()
             && self.reclaim_at.is_some_and(|at| at <= now)
             && self.lock.delayed_until <= now
     }
 
     /// A free lock that could not be reclaimed yet (clients queue for it): looks again later.
     pub fn postpone_reclaim(&mut self, now: u64) {
-        if self.lock.holder.is_none() {
+        if !self.lock.has_holders() {
             self.reclaim_at = Some(reclaim_time(now).max(now.saturating_add(1000)));
         }
     }
@@ -136,9 +136,9 @@ impl Stored {
     /// Runs `change` on the lock and keeps the held gauge, the reclaim time and the fence floor
     /// in step.
     pub fn update<R>(&mut self, change: impl FnOnce(&mut Lock) -> R) -> R {
-        let was_held = self.lock.holder.is_some();
+        let was_held = self.lock.has_holders();
         let result = change(&mut self.lock);
-        let is_held = self.lock.holder.is_some();
+        let is_held = self.lock.has_holders();
         if was_held != is_held {
             metrics::HELD.add(if is_held { 1 } else { -1 });
             let now = metrics::monotonic_us();
@@ -163,7 +163,7 @@ impl Stored {
 impl Drop for Stored {
     fn drop(&mut self) {
         metrics::KEYS.add(-1);
-        if self.lock.holder.is_some() {
+        if self.lock.has_holders() {
             metrics::HELD.add(-1);
         }
     }
@@ -257,9 +257,14 @@ impl ValueType for Stored {
 
     fn copy(&self) -> Self {
         let mut lock = self.lock.clone();
-        // The session belongs to the connection that holds the original key.
+        // The sessions belong to the connections that hold the original key.
         if let Some(holder) = lock.holder.as_mut() {
             holder.session = false;
+        }
+        if let Some(group) = lock.group.as_deref_mut() {
+            for member in &mut group.members {
+                member.holder.session = false;
+            }
         }
         Stored::new(lock)
     }

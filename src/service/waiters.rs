@@ -54,6 +54,14 @@ pub fn waiting_on(ctx: &Context, key: &RedisString) -> usize {
     queues().waiting_on(selected_db(ctx), key.as_slice())
 }
 
+/// The acquirers queued on `key`: (exclusive, shared or permit).
+pub fn acquirers_by_mode(ctx: &Context, key: &RedisString) -> (usize, usize) {
+    if !anyone_waiting() {
+        return (0, 0);
+    }
+    queues().acquirers_by_mode(selected_db(ctx), key.as_slice())
+}
+
 /// Lets Redis serve the acquirers of `key` (after the current command or callback).
 pub fn signal_ready(ctx: &Context, key: &RedisString) {
     keys::signal_ready(ctx, key);
@@ -64,8 +72,8 @@ pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
     if !anyone_waiting() {
         return;
     }
-    let current = lock.live_holder(now).map(|_| lock.fence);
-    let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), current);
+    let oldest = lock.live_holders(now).map(|(fence, _)| fence).min();
+    let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), oldest);
     for watcher in woken {
         end_wait(&watcher, Ending::Watched);
     }

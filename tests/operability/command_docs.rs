@@ -19,7 +19,11 @@ fn command_docs_describe_every_lock_command() {
         assert_eq!(doc["since"].text(), "0.1.0", "{name}");
         assert_eq!(doc["group"].text(), "module", "{name}");
         assert_eq!(doc["module"].text(), "lock", "{name}");
-        assert_eq!(doc["complexity"].text(), "O(1)", "{name}");
+        assert_eq!(
+            doc["complexity"].text(),
+            "O(1), or O(N) for a key with N shared or permit holders",
+            "{name}"
+        );
         let args: Vec<BTreeMap<String, Reply>> =
             doc["arguments"].items().iter().map(fields_of).collect();
         let names: Vec<String> = args.iter().map(|a| a["name"].text()).collect();
@@ -45,6 +49,25 @@ fn command_docs_describe_every_lock_command() {
         .map(|a| fields_of(a)["name"].text())
         .collect();
     assert_eq!(parts, ["numreplicas", "timeout-ms"]);
+    // SHARED or LIMIT n: one of two.
+    let mode = fields_of(&doc["arguments"].items()[8]);
+    assert_eq!(mode["type"].text(), "oneof");
+    assert_eq!(texts(&mode["flags"]), ["optional"]);
+    let choices: Vec<(String, String)> = mode["arguments"]
+        .items()
+        .iter()
+        .map(|a| {
+            let a = fields_of(a);
+            (a["token"].text(), a["type"].text())
+        })
+        .collect();
+    assert_eq!(
+        choices,
+        [
+            ("SHARED".to_string(), "pure-token".to_string()),
+            ("LIMIT".to_string(), "integer".to_string())
+        ]
+    );
 }
 
 #[test]

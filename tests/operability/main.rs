@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 21] = [
+const COUNTS: [&str; 23] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -44,6 +44,8 @@ const COUNTS: [&str; 21] = [
     "lock_delayed",
     "lock_guarded",
     "lock_guard_rejects",
+    "lock_shared_grants",
+    "lock_permit_grants",
 ];
 
 /// Latency summaries, in µs.
@@ -158,6 +160,7 @@ fn command_table() -> [(
                 "session",
                 "sync",
                 "lock-delay",
+                "mode",
             ],
             &["k1", "t", "100", "WAIT", "5", "SESSION"],
         ),
