@@ -3,7 +3,7 @@
 
 use crate::common::cluster::key_slot;
 use crate::common::*;
-use crate::history::{Grant, History};
+use crate::history::{Grant, History, Mode};
 use crate::oracle::Oracle;
 use crate::{params, Rng, StopOnDrop, CLIENT_READ, SLACK};
 
@@ -215,7 +215,8 @@ fn client_loop(id: usize, sh: &Shared) {
         n += 1;
         let key = rng.pick(&sh.load.keys).clone();
         let token = format!("c{id}-{n}");
-        if rng.chance(10) {
+        let mode = mode_for(&key, &mut rng);
+        if is_plain(&key) && rng.chance(10) {
             if multi_lock_round(c, sh, &mut rng, &key, &token).is_err() {
                 conn = None;
             }
@@ -225,7 +226,16 @@ fn client_loop(id: usize, sh: &Shared) {
         let ttl_s = ttl.to_string();
         let wait_s = rng.range(20, 400).to_string();
         let sync_s = sh.load.sync_ack.map(|ms| ms.to_string());
+        let limit_s = match mode {
+            Mode::Permit(limit) => limit.to_string(),
+            _ => String::new(),
+        };
         let mut args = vec!["LOCK.ACQUIRE", &key, &token, &ttl_s];
+        match mode {
+            Mode::Exclusive => {}
+            Mode::Shared => args.push("SHARED"),
+            Mode::Permit(_) => args.extend(["LIMIT", &limit_s]),
+        }
         if queues {
             args.extend(["WAIT", &wait_s]);
         }
@@ -266,6 +276,14 @@ fn client_loop(id: usize, sh: &Shared) {
             }
         };
         let release = |c: &mut Link| call(c, &["LOCK.RELEASE", &key, &token]);
+        // Readers and permit holders do not write: only an exclusive holder's writes are
+        // fenced against each other.
+        let writes = mode == Mode::Exclusive;
+        let write = |key: &str, fence: u64| {
+            if writes {
+                sh.oracle.write(key, fence);
+            }
+        };
         if let Some(ms) = sh.load.replica_ack {
             match call(c, &["WAIT", "1", &ms.to_string()]) {
                 Ok(Reply::Int(acked)) if acked >= 1 => {}
@@ -286,6 +304,7 @@ fn client_loop(id: usize, sh: &Shared) {
         let idx = sh.history.add_grant(Grant {
             key: key.clone(),
             fence,
+            mode,
             start,
             end,
             live_until: start + Duration::from_millis(ttl),
@@ -306,7 +325,7 @@ fn client_loop(id: usize, sh: &Shared) {
             if broken {
                 conn = None;
                 // Still holds (as far as it knows): it writes, as a real client would.
-                sh.oracle.write(&key, fence);
+                write(&key, fence);
                 continue;
             }
         }
@@ -317,7 +336,7 @@ fn client_loop(id: usize, sh: &Shared) {
         if behaviour < sh.load.slow_pct {
             // Stalls (GC, swap, a paused VM) past its lease, then writes as if it still held.
             sleep(Duration::from_millis(ttl + rng.range(20, 80)));
-            sh.oracle.write(&key, fence);
+            write(&key, fence);
             if Instant::now() > end + Duration::from_millis(ttl) + SLACK {
                 // The lease is certainly over: its token is stale, and so is its fence.
                 let mut broken = false;
@@ -339,11 +358,11 @@ fn client_loop(id: usize, sh: &Shared) {
                 }
             }
         } else if behaviour < sh.load.slow_pct + sh.load.abandon_pct {
-            sh.oracle.write(&key, fence);
+            write(&key, fence);
         } else {
             sleep(Duration::from_micros(rng.range(0, 2000)));
-            sh.oracle.write(&key, fence);
-            if rng.chance(50) && guarded_write(c, sh, &key, fence).is_err() {
+            write(&key, fence);
+            if writes && rng.chance(50) && guarded_write(c, sh, &key, fence).is_err() {
                 conn = None;
                 continue;
             }
@@ -380,7 +399,7 @@ fn client_loop(id: usize, sh: &Shared) {
                 });
                 match outcome {
                     Ok(Reply::Int(1)) => {
-                        sh.oracle.write(&key, fence);
+                        write(&key, fence);
                     }
                     Ok(_) => {}
                     Err(_) => {
@@ -409,7 +428,9 @@ fn partner_of<'a>(sh: &'a Shared, rng: &mut Rng, key: &str) -> Option<&'a String
         .load
         .keys
         .iter()
-        .filter(|k| k.as_str() != key && (sh.cluster.is_empty() || key_slot(k) == slot))
+        .filter(|k| {
+            k.as_str() != key && is_plain(k) && (sh.cluster.is_empty() || key_slot(k) == slot)
+        })
         .collect();
     (!others.is_empty()).then(|| others[rng.below(others.len() as u64) as usize])
 }
@@ -466,6 +487,7 @@ fn multi_lock_round(
             sh.history.add_grant(Grant {
                 key: k.to_string(),
                 fence: *fence,
+                mode: Mode::Exclusive,
                 start,
                 end,
                 live_until,
@@ -568,8 +590,31 @@ pub fn check_guarded_logs(sh: &Shared) -> (u64, u64, Vec<String>) {
 // ---------------------------------------------------------------------------------------------
 // Helpers for the controllers
 
+/// `n` plain keys, plus a read/write lock (`:rw`) and a semaphore of 3 permits (`:sem`).
 fn keys(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}:{i}")).collect()
+    let mut keys: Vec<String> = (0..n).map(|i| format!("{prefix}:{i}")).collect();
+    keys.extend([format!("{prefix}:rw"), format!("{prefix}:sem")]);
+    keys
+}
+
+/// The permits of the load's semaphores.
+const PERMITS: usize = 3;
+
+/// A key taken only exclusively (and in multi-lock rounds).
+pub fn is_plain(key: &str) -> bool {
+    !key.ends_with(":rw") && !key.ends_with(":sem")
+}
+
+/// What a client asks of `key`: a semaphore's permit, a read/write lock's shared hold (three
+/// times in four) or its exclusive one, a plain key's exclusive hold.
+fn mode_for(key: &str, rng: &mut Rng) -> Mode {
+    if key.ends_with(":sem") {
+        Mode::Permit(PERMITS)
+    } else if key.ends_with(":rw") && rng.chance(75) {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    }
 }
 
 pub fn standard_load(prefix: &str) -> Load {

@@ -35,6 +35,9 @@ fn cluster_chaos() -> Report {
     load.keys = (0..p.keys)
         .map(|i| format!("{{cc{}}}:{i}", i % 3))
         .collect();
+    // A read/write lock and a semaphore too, in slots that move.
+    load.keys
+        .extend(["{cc0}:rw".to_string(), "{cc1}:sem".to_string()]);
     load.sync_ack = Some(300);
     load.ttl_ms = (100, 1500);
     load.slow_pct = 1;

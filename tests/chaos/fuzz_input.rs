@@ -82,6 +82,10 @@ const WORDS: &[&str] = &[
     "WAITS",
     "REENTRAN",
     "SESSION\u{0}",
+    "SHARED",
+    "shared",
+    "LIMIT",
+    "limit",
     "--",
     "acquire",
     "release",
@@ -154,6 +158,12 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
             }
             if rng.chance(20) {
                 w.push("SESSION".into());
+            }
+            // Shared holds and permits on the same keys as exclusive ones: refusals included.
+            match rng.below(10) {
+                0 | 1 => w.push("SHARED".into()),
+                2 => w.extend(["LIMIT".into(), rng.range(1, 3).to_string()]),
+                _ => {}
             }
             w
         }
@@ -228,7 +238,7 @@ pub fn fuzz_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
                     }
                     3 => {
                         let word = rng
-                            .pick(&["WAIT", "REENTRANT", "SESSION"])
+                            .pick(&["WAIT", "REENTRANT", "SESSION", "SHARED", "LIMIT"])
                             .as_bytes()
                             .to_vec();
                         cmd.insert(i.min(cmd.len()), word);

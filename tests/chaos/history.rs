@@ -8,10 +8,20 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// The kind of hold a grant was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+    /// A permit of a semaphore of that many permits.
+    Permit(usize),
+}
+
 #[derive(Clone, Debug)]
 pub struct Grant {
     pub key: String,
     pub fence: u64,
+    pub mode: Mode,
     /// When the ACQUIRE was sent and when its reply arrived.
     pub start: Instant,
     pub end: Instant,
@@ -148,7 +158,9 @@ pub fn check_i2(grants: &[Grant]) -> (u64, Vec<String>) {
     (violations, examples)
 }
 
-/// I3: no grant while another grant's lease was certainly running.
+/// I3: no grant while other grants' leases were certainly running that it may not run beside:
+/// an exclusive grant beside any other, a shared one beside an exclusive one, a permit beside as
+/// many permits as the semaphore has.
 pub fn check_i3(grants: &[Grant]) -> (u64, Vec<String>) {
     let mut violations = 0;
     let mut examples = Vec::new();
@@ -158,28 +170,41 @@ pub fn check_i3(grants: &[Grant]) -> (u64, Vec<String>) {
         let mut by_start = list;
         by_start.sort_by_key(|g| g.start);
         let mut i = 0;
-        let mut live: Option<Grant> = None;
+        // Grants answered before the current one was asked, whose lease may still run.
+        let mut earlier: Vec<Grant> = Vec::new();
         for b in &by_start {
             while i < by_end.len() && by_end[i].end <= b.start {
-                if live
-                    .as_ref()
-                    .is_none_or(|l| l.live_until < by_end[i].live_until)
-                {
-                    live = Some(by_end[i].clone());
-                }
+                earlier.push(by_end[i].clone());
                 i += 1;
             }
-            if let Some(a) = &live {
-                if a.live_until > b.end + SLACK {
-                    violations += 1;
-                    if examples.len() < 5 {
-                        examples.push(format!(
-                            "I3: {key} granted fence {} while fence {} had {} ms of lease left",
-                            b.fence,
-                            a.fence,
-                            (a.live_until - b.end).as_millis()
-                        ));
-                    }
+            // A lease over by the time b was asked is over for every later grant too.
+            earlier.retain(|a| a.live_until > b.start + SLACK);
+            let running: Vec<&Grant> = earlier
+                .iter()
+                .filter(|a| a.live_until > b.end + SLACK)
+                .collect();
+            let conflict = match b.mode {
+                Mode::Exclusive => running.first().copied(),
+                Mode::Shared => running.iter().copied().find(|a| a.mode == Mode::Exclusive),
+                Mode::Permit(limit) => running
+                    .iter()
+                    .copied()
+                    .find(|a| a.mode == Mode::Exclusive)
+                    .or_else(|| (running.len() >= limit).then(|| running[0])),
+            };
+            if let Some(a) = conflict {
+                violations += 1;
+                if examples.len() < 5 {
+                    examples.push(format!(
+                        "I3: {key} granted fence {} ({:?}) while fence {} ({:?}, {} running) had \
+                         {} ms of lease left",
+                        b.fence,
+                        b.mode,
+                        a.fence,
+                        a.mode,
+                        running.len(),
+                        (a.live_until - b.end).as_millis()
+                    ));
                 }
             }
         }

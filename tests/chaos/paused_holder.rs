@@ -2,7 +2,7 @@
 
 use crate::clients::{run_load, standard_load, Shared};
 use crate::common::*;
-use crate::history::Grant;
+use crate::history::{Grant, Mode};
 use crate::oracle::{oracle_write_tcp, OracleServer};
 use crate::report::report;
 use crate::{params, StopOnDrop};
@@ -116,6 +116,7 @@ fn paused_holder_round(
         sh.history.add_grant(Grant {
             key: key.to_string(),
             fence,
+            mode: Mode::Exclusive,
             start,
             end,
             live_until: start + Duration::from_millis(ttl),

@@ -1,7 +1,7 @@
 //! Reports: one line per scenario with its counts and invariant violations.
 
 use crate::clients::{check_guarded_logs, Shared};
-use crate::history::{check_i1, check_i2, check_i3};
+use crate::history::{check_i1, check_i2, check_i3, Mode};
 
 use std::io::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -112,6 +112,15 @@ pub fn report(name: &str, sh: &Shared, started: Instant, logs: &[String]) -> Rep
     notes.push(format!(
         "contended (nil) acquires: {}",
         sh.history.contended.load(Relaxed)
+    ));
+    let shared = grants.iter().filter(|g| g.mode == Mode::Shared).count();
+    let permits = grants
+        .iter()
+        .filter(|g| matches!(g.mode, Mode::Permit(_)))
+        .count();
+    notes.push(format!(
+        "shared grants {shared}, permit grants {permits} (of {})",
+        grants.len()
     ));
     Report {
         scenario: name.to_string(),
