@@ -196,6 +196,60 @@ fn slot_migration_carries_held_free_and_session_locks_intact() {
     assert_eq!(t.call(&["LOCK.RELEASE", session, "s"]), Reply::Int(1));
 }
 
+/// Shared holders and a semaphore's permits move with their slot: every holder with its token,
+/// fence and lease, the semaphore with its limit; a shared waiter is told to retry, and on the
+/// new node the queue and the modes work as before.
+#[test]
+fn slot_migration_carries_shared_holders_and_semaphores() {
+    let cluster = Cluster::start(3, false);
+    let (rw, sem) = ("{sharing}:rw", "{sharing}:sem");
+    let slot = key_slot(rw);
+    let from = cluster.owner_of(rw);
+    let to = (from + 1) % 3;
+    let mut c = cluster.nodes[from].conn();
+    let readers: Vec<i64> = ["r1", "r2"]
+        .iter()
+        .map(|t| c.call(&["LOCK.ACQUIRE", rw, t, "60000", "SHARED"]).int())
+        .collect();
+    let permit = c
+        .call(&["LOCK.ACQUIRE", sem, "p1", "60000", "LIMIT", "2"])
+        .int();
+    let mut waiter = blocked_in(
+        &cluster,
+        from,
+        &["LOCK.ACQUIRE", rw, "w", "60000", "WAIT", "20000"],
+    );
+    cluster.migrate_slot(slot, from, to);
+    assert_eq!(waiter.read(), Reply::error(TRYAGAIN));
+    let mut t = cluster.nodes[to].conn();
+    assert_eq!(lock_field(&mut t, rw, "holders"), Reply::Int(2));
+    for fence in &readers {
+        assert_eq!(
+            t.call(&["LOCK.FENCE", rw, &fence.to_string()]),
+            Reply::Int(1)
+        );
+    }
+    assert_eq!(lock_field(&mut t, sem, "limit"), Reply::Int(2));
+    assert_eq!(
+        t.call(&["LOCK.FENCE", sem, &permit.to_string()]),
+        Reply::Int(1)
+    );
+    assert_eq!(t.call(&["LOCK.ACQUIRE", rw, "w", "60000"]), Reply::Nil);
+    for token in ["r1", "r2"] {
+        assert_eq!(t.call(&["LOCK.RELEASE", rw, token]), Reply::Int(1));
+    }
+    assert!(t.call(&["LOCK.ACQUIRE", rw, "w", "60000"]).int() > readers[1]);
+    assert!(
+        t.call(&["LOCK.ACQUIRE", sem, "p2", "60000", "LIMIT", "2"])
+            .int()
+            > permit
+    );
+    assert_eq!(
+        t.call(&["LOCK.ACQUIRE", sem, "p3", "60000", "LIMIT", "2"]),
+        Reply::Nil
+    );
+}
+
 /// Node `node`'s role: "master" or "slave".
 fn role(cluster: &Cluster, node: usize) -> String {
     cluster.nodes[node]
