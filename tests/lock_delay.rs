@@ -8,13 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn acquire_with(c: &mut Conn, key: &str, token: &str, ttl: u64, extra: &[&str]) -> Reply {
-    let ttl = ttl.to_string();
-    let mut call = vec!["LOCK.ACQUIRE", key, token, &ttl];
-    call.extend_from_slice(extra);
-    c.call(&call)
-}
-
 fn int_field(c: &mut Conn, key: &str, field: &str) -> i64 {
     lock_field(c, key, field).int()
 }

@@ -7,13 +7,6 @@ mod common;
 
 use common::*;
 
-fn acquire_with(c: &mut Conn, key: &str, token: &str, ttl: u64, extra: &[&str]) -> Reply {
-    let ttl = ttl.to_string();
-    let mut call = vec!["LOCK.ACQUIRE", key, token, &ttl];
-    call.extend_from_slice(extra);
-    c.call(&call)
-}
-
 fn shared(c: &mut Conn, key: &str, token: &str, ttl: u64) -> i64 {
     match acquire_with(c, key, token, ttl, &["SHARED"]) {
         Reply::Int(fence) => fence,

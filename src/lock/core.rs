@@ -102,18 +102,6 @@ pub enum Acquire {
     Busy,
 }
 
-impl Acquire {
-    /// The fence of a grant, a refresh or a downgrade.
-    pub fn fence(self) -> Option<u64> {
-        match self {
-            Acquire::Granted { fence }
-            | Acquire::Refreshed { fence }
-            | Acquire::Downgraded { fence } => Some(fence),
-            Acquire::Busy => None,
-        }
-    }
-}
-
 /// The fence space is used up (only reachable with a clock set hundreds of millennia ahead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FenceExhausted;

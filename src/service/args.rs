@@ -142,6 +142,29 @@ fn once<T>(slot: &Option<T>, name: &'static str) -> Result<(), LockError> {
     }
 }
 
+/// Sets a flag option (a word alone), refusing it twice.
+fn set_flag(flag: &mut bool, name: &'static str) -> Result<(), LockError> {
+    if *flag {
+        return Err(LockError::RepeatedOption(name));
+    }
+    *flag = true;
+    Ok(())
+}
+
+/// The value following an option's word; `missing` says which word when there is none.
+fn value_after<'a>(
+    rest: &mut impl Iterator<Item = (usize, &'a RedisString)>,
+    name: &'static str,
+    missing: &'static str,
+) -> Result<&'a RedisString, LockError> {
+    rest.next()
+        .map(|(_, value)| value)
+        .ok_or(LockError::BadInteger {
+            name,
+            detail: missing,
+        })
+}
+
 /// An unknown option at `position`: redacted from SLOWLOG and MONITOR like the token (it may be
 /// one, put in the wrong place), and never echoed.
 fn unknown(ctx: &Context, position: usize, expected: &'static str) -> LockError {
@@ -216,43 +239,28 @@ impl AcquireOptions {
             let word = arg.as_slice();
             if word.eq_ignore_ascii_case(b"WAIT") {
                 once(&options.wait, "WAIT")?;
-                let (_, value) = rest.next().ok_or(LockError::BadInteger {
-                    name: "timeout-ms",
-                    detail: "missing after WAIT",
-                })?;
+                let value = value_after(&mut rest, "timeout-ms", "missing after WAIT")?;
                 options.wait = Some(timeout(value)?);
             } else if word.eq_ignore_ascii_case(b"REENTRANT") {
-                if options.reentrant {
-                    return Err(LockError::RepeatedOption("REENTRANT"));
-                }
-                options.reentrant = true;
+                set_flag(&mut options.reentrant, "REENTRANT")?;
             } else if word.eq_ignore_ascii_case(b"SESSION") {
-                if options.session {
-                    return Err(LockError::RepeatedOption("SESSION"));
-                }
-                options.session = true;
+                set_flag(&mut options.session, "SESSION")?;
             } else if word.eq_ignore_ascii_case(b"SYNC") {
                 once(&options.sync, "SYNC")?;
                 options.sync = Some(sync_option(&mut rest)?);
             } else if word.eq_ignore_ascii_case(b"LOCKDELAY") {
                 once(&options.lock_delay, "LOCKDELAY")?;
-                let (_, value) = rest.next().ok_or(LockError::BadInteger {
-                    name: "lock-delay",
-                    detail: "missing after LOCKDELAY",
-                })?;
+                let value = value_after(&mut rest, "lock-delay", "missing after LOCKDELAY")?;
                 options.lock_delay = Some(lock_delay(ctx, value)?);
             } else if word.eq_ignore_ascii_case(b"SHARED") {
-                if options.shared {
-                    return Err(LockError::RepeatedOption("SHARED"));
-                }
-                options.shared = true;
+                set_flag(&mut options.shared, "SHARED")?;
             } else if word.eq_ignore_ascii_case(b"LIMIT") {
                 once(&options.limit, "LIMIT")?;
-                let (_, value) = rest.next().ok_or(LockError::BadInteger {
-                    name: "limit",
-                    detail: "missing after LIMIT",
-                })?;
-                options.limit = Some(limit(value)?);
+                options.limit = Some(limit(value_after(
+                    &mut rest,
+                    "limit",
+                    "missing after LIMIT",
+                )?)?);
             } else {
                 return Err(unknown(
                     ctx,

@@ -419,6 +419,14 @@ pub fn acquire(conn: &mut Conn, key: &str, token: &str, ttl: u64) -> i64 {
     }
 }
 
+/// `LOCK.ACQUIRE key token ttl` with `extra` options, the reply as it came.
+pub fn acquire_with(c: &mut Conn, key: &str, token: &str, ttl: u64, extra: &[&str]) -> Reply {
+    let ttl = ttl.to_string();
+    let mut call = vec!["LOCK.ACQUIRE", key, token, &ttl];
+    call.extend_from_slice(extra);
+    c.call(&call)
+}
+
 /// `DEBUG DIGEST-VALUE key` as text.
 pub fn digest_value(conn: &mut Conn, key: &str) -> String {
     let reply = conn.call(&["DEBUG", "DIGEST-VALUE", key]);
