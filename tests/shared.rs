@@ -511,3 +511,35 @@ fn an_aof_rewrite_restates_shared_holders_and_semaphores() {
     assert_eq!(shape(&mut c, "rw"), rw_after);
     assert_eq!(shape(&mut c, "sem"), sem);
 }
+
+#[test]
+fn every_shared_lease_expires_by_itself_with_its_own_event() {
+    let server = Server::start_with(Config::default().with("notify-keyspace-events", "Kd"));
+    let mut c = server.conn();
+    let mut sub = subscribe_keyspace(&server, "rw");
+    for (token, ttl) in [("a", 60), ("b", 120), ("c", 180)] {
+        shared(&mut c, "rw", token, ttl);
+        assert_eq!(next_event(&mut sub), "lock.acquire");
+    }
+    for _ in 0..3 {
+        assert_eq!(next_event(&mut sub), "lock.expired");
+    }
+    assert_eq!(state_of(&mut c, "rw"), "free");
+    assert_eq!(int_field(&mut c, "rw", "holders"), 0);
+    assert_eq!(server.info_int("lock_expired"), 3);
+    assert_eq!(server.info_int("lock_held"), 0);
+}
+
+#[test]
+fn max_waiters_bounds_a_mixed_queue() {
+    let server = Server::start_with(Config::default().with("lock.max-waiters", "2"));
+    let mut c = server.conn();
+    acquire(&mut c, "rw", "w", 60_000);
+    let _reader = queue(&server, "rw", "r1", &["SHARED"]);
+    let _writer = queue(&server, "rw", "w2", &[]);
+    assert_eq!(
+        acquire_with(&mut c, "rw", "r2", 60_000, &["SHARED", "WAIT", "1000"]),
+        Reply::error("ERR too many waiters on this lock (lock.max-waiters is 2)")
+    );
+    assert_eq!(int_field(&mut c, "rw", "waiters"), 2);
+}
