@@ -7,7 +7,9 @@
 //! - `contention`: 16 clients on one lock, server-side WAIT against polling, pub/sub wake-up
 //!   and spinning; handoff latency against a PING round trip;
 //! - `memory`: bytes per held and per released lock against a SET PX string;
-//! - `scale`: acquire with 1M locks against 1k, and 1M leases that end together.
+//! - `scale`: acquire with 1M locks against 1k, and 1M leases that end together;
+//! - `shared`: the SHARED acquire/release cycle against the exclusive one, and 64 readers + 4
+//!   writers on one lock against the same 68 clients all exclusive.
 //!
 //! The servers are redis-server (`$REDIS_SERVER`) with `$LOCK_MODULE` (`make bench` sets the
 //! release build), each started and stopped by the test harness' Server guard, on loopback.
@@ -20,6 +22,7 @@ mod common;
 mod contention;
 mod memory;
 mod scale;
+mod shared;
 mod single;
 mod util;
 
@@ -29,7 +32,7 @@ use std::time::Instant;
 
 use util::{progress, Pinning, Settings};
 
-const SECTIONS: [&str; 4] = ["single", "contention", "memory", "scale"];
+const SECTIONS: [&str; 5] = ["single", "contention", "memory", "scale", "shared"];
 
 /// The 1-minute load average (Linux), to show when something else ran beside the bench.
 fn load_average() -> String {
@@ -105,6 +108,10 @@ fn main() {
     }
     if wanted("scale") {
         let out = scale::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+    if wanted("shared") {
+        let out = shared::run(&settings, &pinning, started);
         show(out.table, out.goals);
     }
 

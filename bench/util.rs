@@ -32,6 +32,13 @@ pub struct Settings {
     pub scale_requests: usize,
     /// Interleaved rounds of the scale throughput rows.
     pub scale_rounds: usize,
+    /// Seconds each acquire/release cycle variant runs per round (shared section).
+    pub cycle_secs: f64,
+    /// Rounds of the cycle variants, each round running all of them in rotating order.
+    pub cycle_rounds: usize,
+    /// Seconds of each readers-and-writers run, and its rounds (each runs both mixes).
+    pub readers_writers_secs: f64,
+    pub readers_writers_rounds: usize,
 }
 
 impl Settings {
@@ -52,6 +59,10 @@ impl Settings {
                 scale_small: 1_000,
                 scale_requests: 20_000,
                 scale_rounds: 2,
+                cycle_secs: 0.4,
+                cycle_rounds: 2,
+                readers_writers_secs: 1.0,
+                readers_writers_rounds: 1,
             }
         } else {
             Settings {
@@ -68,6 +79,10 @@ impl Settings {
                 scale_small: 1_000,
                 scale_requests: 30_000,
                 scale_rounds: 9,
+                cycle_secs: 1.0,
+                cycle_rounds: 5,
+                readers_writers_secs: 3.0,
+                readers_writers_rounds: 3,
             }
         }
     }
@@ -291,7 +306,7 @@ pub struct LoadRun {
 }
 
 /// Nanoseconds the main thread of `pid` has run on a CPU (Linux /proc schedstat).
-fn cpu_ns(pid: u32) -> Option<u64> {
+pub fn cpu_ns(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/schedstat")).ok()?;
     text.split_whitespace().next()?.parse().ok()
 }
