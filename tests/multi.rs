@@ -345,6 +345,23 @@ fn a_waiting_multi_lock_holds_nothing_until_it_gets_every_key() {
 }
 
 #[test]
+fn a_waiting_multi_lock_of_one_key_is_granted_and_the_queue_moves_on() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut m = server.conn();
+    let mut x = server.conn();
+    acquire(&mut c, "one", "h", 60_000);
+    send_macquire(&mut m, &["one"], "tm", "10000");
+    wait_blocked(&server, 1);
+    x.send(&["LOCK.ACQUIRE", "one", "tx", "60000", "WAIT", "10000"]);
+    wait_blocked(&server, 2);
+    assert_eq!(c.call(&["LOCK.RELEASE", "one", "h"]), Reply::Int(1));
+    assert_eq!(fences(&m.read()), vec![fence_of(&mut c, "one")]);
+    assert_eq!(mrelease(&mut c, &["one"], "tm"), Reply::Int(1));
+    assert_eq!(granted(&mut x), fence_of(&mut c, "one"));
+}
+
+#[test]
 fn two_multi_locks_in_opposite_orders_do_not_deadlock() {
     let server = Server::start();
     let mut c = server.conn();

@@ -503,7 +503,13 @@ fn an_aof_rewrite_restates_shared_holders_and_semaphores() {
             == Some("0"))
         .then_some(())
     });
+    // After the rewrite, effects of one holder each, of every length, are appended and replayed.
+    assert_eq!(c.call(&["LOCK.RELEASE", "rw", "a"]), Reply::Int(1));
     shared(&mut c, "rw", "c", 600_000);
+    shared(&mut c, "rw", "d", 600_000);
+    assert_eq!(c.call(&["LOCK.RENEW", "rw", "b", "700000"]), Reply::Int(1));
+    assert_eq!(c.call(&["LOCK.RELEASE", "rw", "d"]), Reply::Int(1));
+    shared(&mut c, "rw", "e", 600_000);
     let rw_after = shape(&mut c, "rw");
     server.shutdown_and_restart();
     let mut c = server.conn();
@@ -542,4 +548,161 @@ fn max_waiters_bounds_a_mixed_queue() {
         Reply::error("ERR too many waiters on this lock (lock.max-waiters is 2)")
     );
     assert_eq!(int_field(&mut c, "rw", "waiters"), 2);
+}
+
+#[test]
+fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
+    let primary = Server::start();
+    let mut p = primary.conn();
+    for n in 0..200 {
+        permit(&mut p, "sem", &format!("p{n}"), 600_000, 1000).int();
+        shared(&mut p, "rw", &format!("r{n}"), 600_000);
+    }
+    let mut tap = ReplicationTap::attach(&primary);
+    let new = permit(&mut p, "sem", "late", 600_000, 1000).int();
+    assert_eq!(p.call(&["LOCK.RENEW", "rw", "r7", "900000"]), Reply::Int(1));
+    assert_eq!(p.call(&["LOCK.RELEASE", "rw", "r9"]), Reply::Int(1));
+    assert_eq!(p.call(&["ECHO", "end"]), Reply::bulk("end"));
+    p.call(&["SET", "marker", "1"]);
+    let effects: Vec<Vec<String>> = tap
+        .commands_until("SET")
+        .into_iter()
+        .filter(|c| c[0] == "LOCK.APPLY")
+        .collect();
+    assert_eq!(effects.len(), 3, "{effects:?}");
+    // State, then the member's state and token, or (gone) its token alone.
+    assert_eq!(effects[0].len(), 5, "{:?}", effects[0]);
+    assert!(
+        effects[0][2].starts_with(&format!("acquire:{new}:")),
+        "{:?}",
+        effects[0]
+    );
+    assert!(
+        effects[0][3].starts_with(&format!("{new}:")),
+        "{:?}",
+        effects[0]
+    );
+    assert_eq!(effects[0][4], "late");
+    assert_eq!(effects[1].len(), 5);
+    assert_eq!(effects[1][4], "r7");
+    assert_eq!(effects[2].len(), 4);
+    assert_eq!(effects[2][3], "r9");
+    // A replica that follows these changes holds the same locks.
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    assert_eq!(p.call(&["LOCK.RELEASE", "sem", "p3"]), Reply::Int(1));
+    permit(&mut p, "sem", "later", 600_000, 1000).int();
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    for key in ["rw", "sem"] {
+        assert_eq!(
+            digest_value(&mut p, key),
+            digest_value(&mut r, key),
+            "{key}"
+        );
+    }
+}
+
+#[test]
+fn readers_behind_a_writer_that_gives_up_get_in_at_once() {
+    let server = Server::start();
+    let mut c = server.conn();
+    shared(&mut c, "rw", "r1", 60_000);
+    // The writer at the head leaves by its timeout, then one by closing its connection.
+    for leaves_by_timeout in [true, false] {
+        let mut writer = server.conn();
+        let timeout = if leaves_by_timeout { "300" } else { "0" };
+        let before = blocked(&server);
+        writer.send(&["LOCK.ACQUIRE", "rw", "w", "60000", "WAIT", timeout]);
+        wait_blocked(&server, before + 1);
+        let mut reader = queue(&server, "rw", "r2", &["SHARED"]);
+        if leaves_by_timeout {
+            assert_eq!(writer.read(), Reply::Nil);
+        } else {
+            drop(writer);
+        }
+        let r2 = granted(&mut reader);
+        assert!(r2 > 0);
+        assert_eq!(int_field(&mut c, "rw", "holders"), 2);
+        assert_eq!(c.call(&["LOCK.RELEASE", "rw", "r2"]), Reply::Int(1));
+    }
+}
+
+#[test]
+fn a_queued_holder_refreshed_at_its_turn_is_replicated_and_expires_on_time() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    acquire(&mut p, "rw", "w", 60_000);
+    let mut first = queue(&primary, "rw", "t", &["SHARED"]);
+    let mut again = server_queue_with_ttl(&primary, "rw", "t", 1500, &["SHARED", "REENTRANT"]);
+    assert_eq!(p.call(&["LOCK.RELEASE", "rw", "w"]), Reply::Int(1));
+    let fence = granted(&mut first);
+    assert_eq!(granted(&mut again), fence);
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    assert_eq!(int_field(&mut r, "rw", "holds"), 2);
+    assert_eq!(digest_value(&mut p, "rw"), digest_value(&mut r, "rw"));
+    // The refreshed lease (1.5 s, not 60 s) is the one that ends, by itself.
+    wait_for("the refreshed lease to end", || {
+        (state_of(&mut p, "rw") == "free").then_some(())
+    });
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(state_of(&mut r, "rw"), "free");
+    assert_eq!(primary.info_int("lock_expired"), 1);
+    assert_eq!(
+        primary.info_int("lock_acquired"),
+        replica.info_int("lock_acquired")
+    );
+}
+
+/// Like `queue`, with the lease length given.
+fn server_queue_with_ttl(
+    server: &Server,
+    key: &str,
+    token: &str,
+    ttl: u64,
+    extra: &[&str],
+) -> Conn {
+    let before = blocked(server);
+    let mut conn = server.conn();
+    let ttl = ttl.to_string();
+    let mut call = vec!["LOCK.ACQUIRE", key, token, &ttl, "WAIT", "10000"];
+    call.extend_from_slice(extra);
+    conn.send(&call);
+    wait_blocked(server, before + 1);
+    conn
+}
+
+#[test]
+fn a_sync_reader_granted_later_lets_the_readers_behind_it_in() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    acquire(&mut p, "rw", "w", 60_000);
+    let mut synced = queue(&primary, "rw", "r1", &["SHARED", "SYNC", "1", "2000"]);
+    let mut plain = queue(&primary, "rw", "r2", &["SHARED"]);
+    assert_eq!(p.call(&["LOCK.RELEASE", "rw", "w"]), Reply::Int(1));
+    let r1 = granted(&mut synced);
+    let r2 = granted(&mut plain);
+    assert!(r2 > r1);
+    assert_eq!(int_field(&mut p, "rw", "holders"), 2);
+}
+
+#[test]
+fn a_downgrade_counts_alike_on_the_replica() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    let w = acquire(&mut p, "rw", "w", 60_000);
+    assert_eq!(
+        acquire_with(&mut p, "rw", "w", 60_000, &["SHARED"]),
+        Reply::Int(w)
+    );
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(primary.info_int("lock_acquired"), 2);
+    assert_eq!(replica.info_int("lock_acquired"), 2);
 }

@@ -9,13 +9,15 @@
 //!   `event:fence:floor[:deadline:holds:flags[:delay]]` as one argument (a free lock in a
 //!   lock-delay: `event:fence:floor:until`), the binary-safe token as the next. A lock with a
 //!   group: `event:fence:floor:g:limit`, then per member `fence:deadline:holds:flags` and its
-//!   token.
+//!   token. The change of one shared or permit holder travels alone, whatever the number of
+//!   holders: `event:fence:floor:d:limit:now`, then that member's state and token (it holds so
+//!   now) or its token alone (it is gone); see `Lock::apply_member`.
 //!
 //! Every form writes the holder's fields through [`holder_fields`] and reads them back through
 //! [`holder_from`], so they cannot disagree on what a valid holder is.
 
 use crate::error::LockError;
-use crate::lock::core::{Group, Holder, Lock, Member, MAX_FENCE};
+use crate::lock::core::{Group, Holder, Lock, Member, MemberChange, MAX_FENCE, MAX_HOLDERS};
 use crate::lock::event::Event;
 use crate::lock::floor;
 
@@ -221,10 +223,19 @@ fn load_group(fence: u64, version: i32, input: &mut impl Source) -> Result<Group
 }
 
 /// What is wrong with a decoded group, if anything: members' fences must be positive, increase
-/// and not exceed the key's fence; a group without a limit must have members; tokens differ.
+/// and not exceed the key's fence; a group without a limit must have members, and no more than
+/// the limit (or [`MAX_HOLDERS`]); tokens differ.
 fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
     if group.limit == 0 && group.members.is_empty() {
         return Err("empty group without a limit");
+    }
+    let cap = if group.limit == 0 {
+        MAX_HOLDERS
+    } else {
+        group.limit
+    };
+    if group.limit > MAX_HOLDERS || group.members.len() > cap as usize {
+        return Err("more holders than the limit");
     }
     let mut last = 0;
     for member in &group.members {
@@ -346,6 +357,103 @@ pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
     args
 }
 
+/// The arguments of `LOCK.APPLY` after the key for the change of `token`'s shared or permit
+/// hold, made at `now`, that left `lock` as it is.
+pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> Vec<Vec<u8>> {
+    let mut state = State::of(
+        event,
+        &Lock {
+            fence: lock.fence,
+            ..Lock::default()
+        },
+    );
+    state.push(b":d");
+    state.number(u64::from(lock.limit()));
+    state.number(now);
+    let mut args = vec![state.as_bytes().to_vec()];
+    match lock.member_change(token) {
+        MemberChange::Set(member) => {
+            args.push(member_state(&member));
+            args.push(member.holder.token.to_vec());
+        }
+        MemberChange::Remove(token) => args.push(token.to_vec()),
+    }
+    args
+}
+
+/// A decoded `LOCK.APPLY` of one shared or permit holder's change.
+#[derive(Debug, PartialEq, Eq)]
+pub struct MemberEffect {
+    pub event: Event,
+    pub fence: u64,
+    pub floor: u64,
+    pub limit: u32,
+    pub now: u64,
+    pub change: MemberChange,
+}
+
+/// Parses the arguments of `LOCK.APPLY` after the key when they carry one holder's change;
+/// `None` for every other effect.
+pub fn parse_member_effect(args: &[&[u8]]) -> Option<Result<MemberEffect, LockError>> {
+    let [state, rest @ ..] = args else {
+        return None;
+    };
+    if state.split(|b| *b == b':').nth(3) != Some(b"d") {
+        return None;
+    }
+    Some(member_effect(state, rest))
+}
+
+fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError> {
+    let mut fields = state.split(|b| *b == b':');
+    let (event, fence, floor) = effect_head(&mut fields)?;
+    fields.next();
+    let limit = u32::try_from(number(fields.next(), "limit")?)
+        .map_err(|_| LockError::BadEffect("limit"))?;
+    let now = number(fields.next(), "time")?;
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    let change = match rest {
+        [token] if !token.is_empty() => MemberChange::Remove((*token).into()),
+        [member, token] => {
+            let member = parse_member(member, token)?;
+            if member.fence > fence || member.fence == 0 {
+                return Err(LockError::BadEffect("member fence out of order"));
+            }
+            MemberChange::Set(member)
+        }
+        _ => return Err(LockError::BadEffect("member")),
+    };
+    Ok(MemberEffect {
+        event,
+        fence,
+        floor,
+        limit,
+        now,
+        change,
+    })
+}
+
+/// A member from its effect state `fence:deadline:holds:flags[:delay]` and token.
+fn parse_member(state: &[u8], token: &[u8]) -> Result<Member, LockError> {
+    let mut fields = state.split(|b| *b == b':');
+    let fence = number(fields.next(), "fence")?;
+    let deadline = number(fields.next(), "deadline")?;
+    let holds = number(fields.next(), "holds")?;
+    let flags = number(fields.next(), "flags")?;
+    let delay = if flags & FLAG_DELAY != 0 {
+        number(fields.next(), "lock-delay")?
+    } else {
+        0
+    };
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    let holder = holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)?;
+    Ok(Member { fence, holder })
+}
+
 /// A decoded `LOCK.APPLY`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Effect {
@@ -446,25 +554,7 @@ fn parse_group_effect(state: &[u8], members: &[&[u8]]) -> Result<Effect, LockErr
         members: Vec::with_capacity(members.len() / 2),
     };
     for pair in members.chunks_exact(2) {
-        let mut fields = pair[0].split(|b| *b == b':');
-        let member_fence = number(fields.next(), "fence")?;
-        let deadline = number(fields.next(), "deadline")?;
-        let holds = number(fields.next(), "holds")?;
-        let flags = number(fields.next(), "flags")?;
-        let delay = if flags & FLAG_DELAY != 0 {
-            number(fields.next(), "lock-delay")?
-        } else {
-            0
-        };
-        if fields.next().is_some() {
-            return Err(LockError::BadEffect("extra fields"));
-        }
-        let holder =
-            holder_from(pair[1], deadline, holds, flags, delay).map_err(LockError::BadEffect)?;
-        group.members.push(Member {
-            fence: member_fence,
-            holder,
-        });
+        group.members.push(parse_member(pair[0], pair[1])?);
     }
     check_group(fence, &group).map_err(LockError::BadEffect)?;
     Ok(Effect {
@@ -782,6 +872,43 @@ mod tests {
         ];
         for args in bad {
             assert!(parse_effect(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn one_members_change_round_trips_and_malformed_ones_are_refused() {
+        let lock = grouped(3);
+        let parse = |args: &[Vec<u8>]| {
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            parse_member_effect(&refs).map(|r| r.map(|e| e.change))
+        };
+        let set = member_effect_args(Event::Renew, &lock, b"two", 1_764_000_000_000);
+        assert_eq!(set.len(), 3);
+        assert_eq!(
+            parse(&set),
+            Some(Ok(MemberChange::Set(lock.members()[1].clone())))
+        );
+        let gone = member_effect_args(Event::Release, &lock, b"gone", 1_764_000_000_000);
+        assert_eq!(
+            parse(&gone),
+            Some(Ok(MemberChange::Remove(b"gone".as_slice().into())))
+        );
+        // Whole-state effects are not member effects.
+        assert_eq!(parse(&effect_args(Event::Acquire, &lock)), None);
+        let bad: [&[&[u8]]; 7] = [
+            &[b"acquire:90:90:d:3:5"],
+            &[b"acquire:90:90:d:3:5", b""],
+            &[b"acquire:90:90:d:3", b"tok"],
+            &[b"acquire:90:90:d:3:5:6", b"tok"],
+            &[b"acquire:90:90:d:3:5", b"91:5:1:0", b"tok"],
+            &[b"acquire:90:90:d:3:5", b"0:5:1:0", b"tok"],
+            &[b"acquire:90:90:d:3:5", b"80:5:0:0", b"tok"],
+        ];
+        for args in bad {
+            assert!(
+                matches!(parse_member_effect(args), Some(Err(_))),
+                "{args:?}"
+            );
         }
     }
 }

@@ -11,6 +11,10 @@ pub const FENCE_CLOCK_SHIFT: u32 = 11;
 /// The largest fence ever handed out: RESP integers are signed 64-bit.
 pub const MAX_FENCE: u64 = i64::MAX as u64;
 
+/// The most shared or permit holders a key may have at once (and so the largest LIMIT): every
+/// command on the key looks through them.
+pub const MAX_HOLDERS: u32 = 10_000;
+
 /// Who holds a lock, and until when.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
@@ -31,6 +35,16 @@ pub struct Holder {
 pub struct Member {
     pub fence: u64,
     pub holder: Holder,
+}
+
+/// One shared or permit holder's change, replicated on its own rather than with every holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// The holder with this member's token now holds so (a grant, a refresh, a renewal, a
+    /// dropped reentrant hold).
+    Set(Member),
+    /// The holder with this token is gone (released, expired, its session ended).
+    Remove(Box<[u8]>),
 }
 
 /// The shared side of a lock: its shared holders, or the permits of a semaphore.
@@ -263,14 +277,102 @@ impl Lock {
             }
             return true;
         }
-        let first_overdue = self
-            .members()
+        self.first_overdue_member(now)
+            .is_some_and(|index| self.remove_member(index).is_some())
+    }
+
+    /// The shared or permit holder [`Lock::expire`] removes next: the one whose lease ran out
+    /// first (the earliest granted among equals).
+    fn first_overdue_member(&self, now: u64) -> Option<usize> {
+        self.members()
             .iter()
             .enumerate()
             .filter(|(_, m)| m.holder.deadline <= now)
             .min_by_key(|(_, m)| m.holder.deadline)
-            .map(|(index, _)| index);
-        first_overdue.is_some_and(|index| self.remove_member(index).is_some())
+            .map(|(index, _)| index)
+    }
+
+    /// The token of the shared or permit holder [`Lock::expire`] removes next, if it removes
+    /// one (not the exclusive holder).
+    pub fn expiring_member(&self, now: u64) -> Option<&[u8]> {
+        if self.holder.as_ref().is_some_and(|h| h.deadline <= now) {
+            return None;
+        }
+        let index = self.first_overdue_member(now)?;
+        Some(&self.members()[index].holder.token)
+    }
+
+    /// What became of `token`'s shared or permit hold in this lock: its hold now, or gone.
+    pub fn member_change(&self, token: &[u8]) -> MemberChange {
+        match self.members().iter().find(|m| *m.holder.token == *token) {
+            Some(member) => MemberChange::Set(member.clone()),
+            None => MemberChange::Remove(token.into()),
+        }
+    }
+
+    /// Applies one shared or permit holder's change made on the primary at `now`, the key's
+    /// fence then being `fence` and its semaphore limit `limit`: the same steps as the grant,
+    /// refresh or removal there, so the result is the same lock. A holder with a new fence is a
+    /// new grant: holders whose lease ran out by `now` go, and it joins last.
+    ///
+    /// Refused, changing nothing, when it could not have come from a primary whose lock was this
+    /// one: a fence going back, a new holder whose fence is not the key's new one, more holders
+    /// than the limit allows.
+    pub fn apply_member(
+        &mut self,
+        fence: u64,
+        limit: u32,
+        now: u64,
+        change: MemberChange,
+    ) -> Result<(), &'static str> {
+        if fence < self.fence || limit > MAX_HOLDERS {
+            return Err("member change out of order");
+        }
+        if let MemberChange::Set(member) = &change {
+            let refresh = self
+                .members()
+                .iter()
+                .any(|m| m.holder.token == member.holder.token && m.fence == member.fence);
+            if !refresh {
+                let stay = self
+                    .members()
+                    .iter()
+                    .filter(|m| m.holder.deadline > now && m.holder.token != member.holder.token)
+                    .count();
+                let cap = if limit == 0 { MAX_HOLDERS } else { limit };
+                if member.fence != fence || fence <= self.fence || stay >= cap as usize {
+                    return Err("member change out of order");
+                }
+            }
+        }
+        self.holder = None;
+        self.delayed_until = 0;
+        self.fence = fence;
+        let group = self.group.get_or_insert_with(Box::default);
+        group.limit = limit;
+        match change {
+            MemberChange::Set(member) => {
+                let same = group
+                    .members
+                    .iter()
+                    .position(|m| m.holder.token == member.holder.token && m.fence == member.fence);
+                match same {
+                    Some(index) => group.members[index] = member,
+                    None => {
+                        group.members.retain(|m| m.holder.deadline > now);
+                        group
+                            .members
+                            .retain(|m| m.holder.token != member.holder.token);
+                        group.members.push(member);
+                    }
+                }
+            }
+            MemberChange::Remove(token) => group.members.retain(|m| m.holder.token != token),
+        }
+        if group.limit == 0 && group.members.is_empty() {
+            self.group = None;
+        }
+        Ok(())
     }
 
     fn start_delay(&mut self, from: u64, delay: u64) {
@@ -304,13 +406,17 @@ impl Lock {
     }
 
     /// True when some waiter may be granted something at `now`: no exclusive holder, no
-    /// lock-delay, and a permit left when it is a semaphore.
+    /// lock-delay, and a permit left when it is a semaphore (a shared lock takes at most
+    /// [`MAX_HOLDERS`]).
     pub fn has_room(&self, now: u64) -> bool {
         if self.live_holder(now).is_some() || self.delay_ttl(now).is_some() {
             return false;
         }
-        let limit = self.limit();
-        limit == 0 || self.live_members(now).count() < limit as usize
+        let limit = match self.limit() {
+            0 => MAX_HOLDERS,
+            limit => limit,
+        };
+        self.live_members(now).count() < limit as usize
     }
 
     /// Ends a running lock-delay at once (LOCK.FORCERELEASE). True when one was running.
@@ -987,5 +1093,50 @@ mod tests {
         assert!(lock.revoke(b"b", b, T0 + 500));
         assert!(!lock.is_held(T0 + 500));
         assert_eq!(lock.group, None);
+    }
+
+    #[test]
+    fn a_shared_lock_is_full_at_max_holders_and_a_replayed_change_is_checked() {
+        let member = |n: u64| Member {
+            fence: n,
+            holder: Holder {
+                token: n.to_string().into_bytes().into(),
+                deadline: T0 + 1000,
+                holds: 1,
+                session: false,
+                delay: 0,
+            },
+        };
+        let mut lock = Lock {
+            fence: u64::from(MAX_HOLDERS),
+            group: Some(Box::new(Group {
+                limit: 0,
+                members: (1..=u64::from(MAX_HOLDERS)).map(member).collect(),
+            })),
+            ..Lock::default()
+        };
+        assert!(!lock.has_room(T0));
+        assert_eq!(
+            lock.grant(&asking(b"more", 1000, Mode::Shared), 0, T0),
+            Ok(Acquire::Busy)
+        );
+        let next = member(u64::from(MAX_HOLDERS) + 1);
+        let fence = next.fence;
+        assert!(lock
+            .apply_member(fence, 0, T0, MemberChange::Set(next.clone()))
+            .is_err());
+        // Once one lapsed, the same change fits; a fence going back never does.
+        assert!(lock
+            .apply_member(fence, 0, T0 + 2000, MemberChange::Set(next.clone()))
+            .is_ok());
+        assert_eq!(lock.members().len(), 1);
+        assert!(lock
+            .apply_member(
+                fence - 1,
+                0,
+                T0,
+                MemberChange::Remove(b"x".as_slice().into())
+            )
+            .is_err());
     }
 }

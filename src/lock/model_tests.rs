@@ -434,6 +434,9 @@ fn walk(seed: u64, steps: usize) {
         0
     };
     let mut real: Vec<Lock> = vec![Lock::default(); keys];
+    // What a replica holds: the primary's changes applied as the server replicates them (one
+    // holder's change alone when the lock has shared or permit holders before and after it).
+    let mut replica: Vec<Lock> = vec![Lock::default(); keys];
     let mut model: Vec<MLock> = vec![MLock::default(); keys];
     // Every fence granted so far, per key, in order: strictly increasing, server-wide.
     let mut granted: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
@@ -457,6 +460,15 @@ fn walk(seed: u64, steps: usize) {
                 tail.join("\n  ")
             )
         };
+        let (op_key, op_token) = match op {
+            Op::Acquire { key, token, .. }
+            | Op::Release { key, token }
+            | Op::Renew { key, token, .. }
+            | Op::EndSession { key, token } => (key, Some(TOKENS[token].to_vec())),
+            Op::Expire { key } => (key, real[key].expiring_member(now).map(<[u8]>::to_vec)),
+            Op::ForceRelease { key } => (key, None),
+        };
+        let before = real[op_key].clone();
         match op {
             Op::Acquire {
                 key,
@@ -548,6 +560,29 @@ fn walk(seed: u64, steps: usize) {
                 );
             }
         }
+        let after = &real[op_key];
+        if *after != before {
+            match op_token {
+                Some(token) if before.group.is_some() && after.group.is_some() => {
+                    // Through the effect's encoding, as a replica receives it.
+                    let args = codec::member_effect_args(Event::Acquire, after, &token, now);
+                    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    let effect = codec::parse_member_effect(&refs)
+                        .unwrap_or_else(|| panic!("not a member effect; {}", ctx()))
+                        .unwrap_or_else(|e| panic!("member effect {e:?}; {}", ctx()));
+                    assert_eq!(effect.fence, after.fence);
+                    let applied = replica[op_key].apply_member(
+                        effect.fence,
+                        effect.limit,
+                        effect.now,
+                        effect.change,
+                    );
+                    assert_eq!(applied, Ok(()), "member change refused; {}", ctx());
+                }
+                _ => replica[op_key] = after.clone(),
+            }
+        }
+        assert_eq!(replica[op_key], *after, "replica; {}", ctx());
         for key in 0..keys {
             check_state(&real[key], &model[key], now, &ctx);
             check_encodings(&real[key], &ctx);

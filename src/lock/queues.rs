@@ -272,6 +272,22 @@ impl<H> Queues<H> {
             .is_some_and(|(head, _)| *head == id)
     }
 
+    /// True when `tag` is a multi-lock waiter (`LOCK.MACQUIRE ... WAIT`), even of one key.
+    pub fn is_multi(&self, tag: &Tag) -> bool {
+        let (db, key) = &tag.key;
+        self.queue(*db, key)
+            .and_then(|q| q.acquirers.get(&tag.id))
+            .is_some_and(|slot| {
+                matches!(
+                    slot,
+                    Slot::Waiter(Waiter {
+                        kind: Kind::AcquireAll { .. },
+                        ..
+                    })
+                )
+            })
+    }
+
     /// What the queued single-key acquirer `id` asked for.
     pub fn request_of(&self, db: i32, key: &[u8], id: u64) -> Option<&Request> {
         match self.queue(db, key)?.acquirers.get(&id)? {

@@ -7,7 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
-use crate::lock::core::Mode;
+use crate::lock::core::{Mode, MAX_HOLDERS};
 use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -172,11 +172,7 @@ fn unknown(ctx: &Context, position: usize, expected: &'static str) -> LockError 
     LockError::UnknownOption { position, expected }
 }
 
-/// The most permits a semaphore may have: each permit holder is looked through by the commands
-/// on its key.
-pub const MAX_LIMIT: u32 = 10_000;
-
-/// `LIMIT n`: a number of permits, 1 to [`MAX_LIMIT`].
+/// `LIMIT n`: a number of permits, 1 to [`MAX_HOLDERS`].
 fn limit(arg: &RedisString) -> Result<u32, LockError> {
     let value = parse_integer(arg).ok_or(LockError::BadInteger {
         name: "limit",
@@ -184,7 +180,7 @@ fn limit(arg: &RedisString) -> Result<u32, LockError> {
     })?;
     u32::try_from(value)
         .ok()
-        .filter(|n| (1..=MAX_LIMIT).contains(n))
+        .filter(|n| (1..=MAX_HOLDERS).contains(n))
         .ok_or(LockError::BadInteger {
             name: "limit",
             detail: "must be between 1 and 10000",

@@ -29,13 +29,52 @@ pub fn change(
     now: u64,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
+    change_of(ctx, key, stored, now, None, change)
+}
+
+/// [`change`] of the hold of `token` alone: when the lock has shared or permit holders before
+/// and after it, only that holder's change is replicated (see `codec::member_effect_args`).
+pub fn change_hold(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    token: &[u8],
+    change: impl FnOnce(&mut Lock) -> Option<Event>,
+) -> Option<Event> {
+    change_of(ctx, key, stored, now, Some(token), change)
+}
+
+fn change_of(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    token: Option<&[u8]>,
+    change: impl FnOnce(&mut Lock) -> Option<Event>,
+) -> Option<Event> {
     let before = stored.due();
+    let had_group = stored.lock().group.is_some();
     let event = stored.update(change)?;
     if matches!(event, Event::Expired | Event::SessionEnd) && stored.lock().delay_ttl(now).is_some()
     {
         metrics::DELAYED.incr();
     }
-    effects::propagate(ctx, key, event, stored, before);
+    let alone = matches!(
+        event,
+        Event::Acquire
+            | Event::Release
+            | Event::DropHold
+            | Event::Renew
+            | Event::Expired
+            | Event::SessionEnd
+    );
+    match token {
+        Some(token) if alone && had_group && stored.lock().group.is_some() => {
+            effects::propagate_hold(ctx, key, event, stored, before, token, now);
+        }
+        _ => effects::propagate(ctx, key, event, stored, before),
+    }
     if event.frees() {
         if sessions::any() {
             let lock = stored.lock();
@@ -60,9 +99,12 @@ pub fn hand_over(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) {
 /// (announced and replicated) per holder.
 pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
     while stored.lock().is_overdue(now) {
-        let expired = change(ctx, key, stored, now, |lock| {
-            lock.expire(now).then_some(Event::Expired)
-        });
+        let member: Option<Box<[u8]>> = stored.lock().expiring_member(now).map(Into::into);
+        let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
+        let expired = match &member {
+            Some(token) => change_hold(ctx, key, stored, now, token, expire),
+            None => change(ctx, key, stored, now, expire),
+        };
         if expired.is_none() {
             break;
         }
@@ -198,7 +240,7 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, session: &Session, now
             return;
         }
         expire_overdue(ctx, key_name, stored, now);
-        let ended = change(ctx, key_name, stored, now, |lock| {
+        let ended = change_hold(ctx, key_name, stored, now, &session.token, |lock| {
             lock.end_session(&session.token, now)
                 .then_some(Event::SessionEnd)
         });
@@ -232,7 +274,7 @@ pub fn release_key(
     let mut released = None;
     if let Some(stored) = in_key_mut(key)? {
         expire_overdue(ctx, name, stored, now);
-        change(ctx, name, stored, now, |lock| {
+        change_hold(ctx, name, stored, now, token, |lock| {
             released = lock.release(token, now);
             released.map(|free| {
                 if free {
@@ -264,7 +306,7 @@ pub fn grant_stored(
     now: u64,
 ) -> Result<Acquire, Refused> {
     let mut outcome = Ok(Acquire::Busy);
-    change(ctx, name, stored, now, |lock| {
+    change_hold(ctx, name, stored, now, request.token, |lock| {
         outcome = lock.grant(request, floor::get(), now);
         match outcome {
             Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => Some(Event::Acquire),

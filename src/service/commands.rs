@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{client_id, is_loading, is_replayed, may_block, now_ms, parse_integer};
-use crate::lock::codec;
+use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Lock, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
@@ -19,8 +19,8 @@ use crate::metrics;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{
-    change, count_grant, create_for_waiters, expire_overdue, grant_stored, reclaim_if_due,
-    release_key,
+    change, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
+    reclaim_if_due, release_key,
 };
 use crate::service::effects;
 use crate::service::guard::guard;
@@ -220,7 +220,7 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let renewed = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change(ctx, key_name, stored, now, |lock| {
+            change_hold(ctx, key_name, stored, now, token, |lock| {
                 lock.renew(token, ttl, now).then_some(Event::Renew)
             })
             .is_some()
@@ -371,35 +371,76 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     if !is_replayed(ctx) {
         return Err(LockError::InternalCommand("LOCK.APPLY"));
     }
-    redact(ctx, 3);
+    // Not redacted: the command is flagged no-monitor and no-slowlog, so its arguments show
+    // nowhere, and redacting from the AOF loader's client, which Redis 7.0 runs without
+    // resetting its saved arguments between commands, reads past their end.
     let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
+    if let Some(effect) = codec::parse_member_effect(&raw_args) {
+        return apply_member(ctx, key_name, effect?);
+    }
     let effect = codec::parse_effect(&raw_args)?;
-    effects::note_floor(&effect);
+    effects::note_floor(effect.floor, effect.lock.fence);
     let key = ctx.open_key_writable(key_name);
     if effect.event == Event::Reclaim {
         return apply_reclaim(ctx, &key, key_name);
     }
-    let (before, old_fence) = match in_key_mut(&key)? {
+    let lock = effect.lock;
+    applied(ctx, &key, key_name, effect.event, |current| {
+        *current = lock;
+        Ok(())
+    })
+}
+
+/// One shared or permit holder's change (see `codec::member_effect_args`).
+fn apply_member(ctx: &Context, key_name: &RedisString, effect: MemberEffect) -> CommandResult {
+    effects::note_floor(effect.floor, effect.fence);
+    let key = ctx.open_key_writable(key_name);
+    let MemberEffect {
+        event,
+        fence,
+        limit,
+        now,
+        change,
+        ..
+    } = effect;
+    applied(ctx, &key, key_name, event, |lock| {
+        lock.apply_member(fence, limit, now, change)
+            .map_err(LockError::BadEffect)
+    })
+}
+
+/// Applies a replicated `change` to the lock in `key` (a fresh one when missing), counts it as
+/// the primary did, announces it and passes it on. A change refused leaves the key as it was.
+fn applied(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    key_name: &RedisString,
+    event: Event,
+    change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
+) -> CommandResult {
+    let (before, old_fence) = match in_key_mut(key)? {
         Some(stored) => {
             let before = (stored.due(), stored.lock().fence);
-            stored.update(|current| *current = effect.lock);
+            stored.update(change)?;
             before
         }
         None => {
-            key.set_value(&LOCK_TYPE, Stored::new(effect.lock))
+            let mut lock = Lock::default();
+            change(&mut lock)?;
+            key.set_value(&LOCK_TYPE, Stored::new(lock))
                 .map_err(|_| LockError::internal("an applied lock could not be stored"))?;
             (None, 0)
         }
     };
     let stored =
-        in_key_mut(&key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
+        in_key_mut(key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
     if !is_loading(ctx) {
-        count_applied(effect.event);
+        count_applied(event);
         let lock = stored.lock();
         // A new shared hold or permit: the newest member has the key's new fence.
         let new_member =
             lock.fence > old_fence && lock.members().last().is_some_and(|m| m.fence == lock.fence);
-        if effect.event == Event::Acquire && new_member {
+        if event == Event::Acquire && new_member {
             let limit = lock.limit();
             count_grant(if limit > 0 {
                 Mode::Permit(limit)
@@ -407,13 +448,13 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 Mode::Shared
             });
         }
-        if matches!(effect.event, Event::Expired | Event::SessionEnd)
+        if matches!(event, Event::Expired | Event::SessionEnd)
             && stored.lock().delay_ttl(now_ms()).is_some()
         {
             metrics::DELAYED.incr();
         }
     }
-    effects::announce(ctx, key_name, effect.event, stored, before);
+    effects::announce(ctx, key_name, event, stored, before);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
@@ -455,7 +496,8 @@ fn floor_cmd(ctx: &Context, args: &[RedisString]) -> CommandResult {
 fn count_applied(event: Event) {
     match event {
         Event::Acquire => metrics::ACQUIRED.incr(),
-        Event::Downgrade => {}
+        // The primary counts a downgrade as the acquire it is.
+        Event::Downgrade => metrics::ACQUIRED.incr(),
         Event::Release | Event::DropHold => metrics::RELEASED.incr(),
         Event::SessionEnd => metrics::SESSION_RELEASED.incr(),
         Event::Renew => metrics::RENEWED.incr(),

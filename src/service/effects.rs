@@ -9,7 +9,7 @@ use redis_module::{Context, NotifyEvent, RedisString};
 
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
-use crate::lock::codec::{self, Effect, State};
+use crate::lock::codec::{self, State};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::service::leases;
@@ -74,6 +74,24 @@ pub fn propagate(
     keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), token);
 }
 
+/// On the primary: announces the change of `token`'s shared or permit hold (made at `now`) and
+/// sends it alone to replicas and the AOF, however many other holders the lock has.
+pub fn propagate_hold(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    stored: &Stored,
+    old_due: Option<u64>,
+    token: &[u8],
+    now: u64,
+) {
+    announce(ctx, key, event, stored, old_due);
+    let mut args = codec::member_effect_args(event, stored.lock(), token, now);
+    args.insert(0, key.as_slice().to_vec());
+    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    ctx.replicate(APPLY_NAME, refs.as_slice());
+}
+
 /// Writes the fence floor to the AOF (and replicas) as `LOCK.FLOOR n`, on a primary that has
 /// issued fences.
 pub fn record_floor(ctx: &Context) {
@@ -83,7 +101,7 @@ pub fn record_floor(ctx: &Context) {
     }
 }
 
-/// Raises the fence floor for an applied effect.
-pub fn note_floor(effect: &Effect) {
-    floor::raise(effect.floor.max(effect.lock.fence), now_ms());
+/// Raises the fence floor for an applied effect: to its floor and the key's fence.
+pub fn note_floor(floor: u64, fence: u64) {
+    floor::raise(floor.max(fence), now_ms());
 }

@@ -22,8 +22,8 @@ use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
-use crate::service::change::{change, count_grant, expire_overdue, grant_key};
-use crate::service::value::{in_key_mut, Stored};
+use crate::service::change::{change_hold, count_grant, expire_overdue, grant_key};
+use crate::service::value::{in_key, in_key_mut, Stored};
 use crate::service::waiters;
 
 /// Blocks the calling client on `key` until it is served or `timeout` ms pass (0: no limit).
@@ -108,15 +108,17 @@ impl OnKey for Handoff {
     /// A watcher the module woke (see `waiters::wake_watchers`), or a wait that timed out or
     /// was cancelled by `CLIENT UNBLOCK`.
     fn ended(ctx: &Context, tag: &Tag) -> CommandResult {
+        let was_head = heads_a_queue(tag);
         let answer = end(tag);
-        settle_others(ctx, tag);
+        settle_others(ctx, tag, was_head);
         answer
     }
 
     fn disconnected(ctx: &Context, tag: &Tag) {
+        let was_head = heads_a_queue(tag);
         waiters::remove(tag);
         acks::abandon(tag.id);
-        settle_others(ctx, tag);
+        settle_others(ctx, tag, was_head);
     }
 
     fn freed(tag: Tag) {
@@ -149,14 +151,35 @@ fn end(tag: &Tag) -> CommandResult {
     }
 }
 
-/// A multi-lock waiter left its queues without a grant: the waiters behind it, which may have
-/// waited only for it, get their turn (Redis serves them after this callback).
-fn settle_others(ctx: &Context, tag: &Tag) {
-    if tag.also.is_empty() {
+/// True when acquirer `tag` is at the head of one of its queues.
+fn heads_a_queue(tag: &Tag) -> bool {
+    let queues = waiters::queues();
+    tag.watch.is_none() && tag.keys().any(|key| queues.is_head(tag.key.0, key, tag.id))
+}
+
+/// An acquirer left its queues without a grant. A multi-lock waiter's keys are all looked at
+/// again: those behind it may have waited only for it. A single waiter that headed its queue
+/// may have kept out the waiters behind it (readers behind a writer, while the lock is held
+/// shared): they get their turn when the lock has room. Redis serves them after this callback.
+fn settle_others(ctx: &Context, tag: &Tag, was_head: bool) {
+    if !tag.also.is_empty() {
+        for key in tag.keys() {
+            waiters::signal_ready(ctx, &key_string(ctx, key));
+        }
         return;
     }
-    for key in tag.keys() {
-        waiters::signal_ready(ctx, &key_string(ctx, key));
+    if !was_head {
+        return;
+    }
+    let name = key_string(ctx, &tag.key.1);
+    if !waiters::queued(ctx, &name) {
+        return;
+    }
+    let key = ctx.open_key(&name);
+    if let Ok(Some(stored)) = in_key(&key) {
+        if stored.lock().has_room(now_ms()) {
+            waiters::signal_ready(ctx, &name);
+        }
     }
 }
 
@@ -260,6 +283,10 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     if tag.watch.is_none() && !waiters::queues().is_head(*db, name, tag.id) {
         return None;
     }
+    // LOCK.MACQUIRE of a single key: a multi-lock waiter all the same.
+    if tag.watch.is_none() && waiters::queues().is_multi(tag) {
+        return serve_all(ctx, tag);
+    }
     let now = now_ms();
     let key_name = key_string(ctx, name);
     let key = ctx.open_key_writable(&key_name);
@@ -358,12 +385,12 @@ fn grant_head(
     let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
     let grant = request.grant();
-    change(ctx, key_name, stored, now, |lock| {
+    change_hold(ctx, key_name, stored, now, &request.token, |lock| {
         outcome = lock.grant(&grant, floor::get(), now);
         match outcome {
-            Ok(Acquire::Granted { .. }) => Some(Event::Acquire),
+            Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => Some(Event::Acquire),
             Ok(Acquire::Downgraded { .. }) => Some(Event::Downgrade),
-            _ => None,
+            Ok(Acquire::Busy) | Err(_) => None,
         }
     });
     if let Ok(Acquire::Granted { .. }) = outcome {
@@ -440,6 +467,10 @@ fn grant_deferred(ctx: &Context) {
         let Some(granted) = grant_head(ctx, &key_name, stored, &tag, now) else {
             continue;
         };
+        // Room left (readers, permits): the next waiters' turn.
+        if stored.lock().has_room(now) && waiters::queued(ctx, &key_name) {
+            waiters::signal_ready(ctx, &key_name);
+        }
         let Kind::Acquire(request) = &granted.waiter.kind else {
             continue;
         };

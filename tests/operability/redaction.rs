@@ -25,6 +25,15 @@ fn token_workout(c: &mut Conn, k: &str) {
         Reply::Int(1)
     );
     assert_eq!(c.call(&["LOCK.RELEASE", k, TOKEN]), Reply::Int(1));
+    // A shared hold and a permit beside other holders: their effects carry the holders' tokens.
+    for (key, mode) in [("shared", &["SHARED"][..]), ("permits", &["LIMIT", "3"])] {
+        for token in ["other", TOKEN] {
+            assert!(acquire_with(c, key, token, 60_000, mode).is_int());
+        }
+        assert_eq!(c.call(&["LOCK.RENEW", key, TOKEN, "60000"]), Reply::Int(1));
+        assert_eq!(c.call(&["LOCK.RELEASE", key, TOKEN]), Reply::Int(1));
+        assert_eq!(c.call(&["LOCK.FORCERELEASE", key]), Reply::Int(1));
+    }
 }
 
 #[test]
