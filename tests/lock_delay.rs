@@ -296,3 +296,21 @@ fn a_version_1_dump_still_loads_and_version_2_carries_the_delay() {
         Reply::error("ERR Bad data format")
     );
 }
+
+#[test]
+fn forcerelease_after_a_delay_ended_leaves_primary_and_replica_alike() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    acquire_with(&mut p, "lk", "t", 50, &["LOCKDELAY", "50"]).int();
+    wait_for("the lease and its delay to end", || {
+        (state_of(&mut p, "lk") == "free" && int_field(&mut p, "lk", "delay_ttl") == -1)
+            .then_some(())
+    });
+    assert_eq!(p.call(&["LOCK.FORCERELEASE", "lk"]), Reply::Int(0));
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    assert_eq!(digest_value(&mut p, "lk"), digest_value(&mut r, "lk"));
+    assert_eq!(p.call(&["DEBUG", "DIGEST"]), r.call(&["DEBUG", "DIGEST"]));
+}

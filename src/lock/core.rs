@@ -420,9 +420,10 @@ impl Lock {
     }
 
     /// Ends a running lock-delay at once (LOCK.FORCERELEASE). True when one was running.
+    /// A delay that already ended is left as it is: nothing changes, so nothing is replicated.
     pub fn clear_delay(&mut self, now: u64) -> bool {
         let running = self.holder.is_none() && self.delayed_until > now;
-        if self.holder.is_none() {
+        if running {
             self.delayed_until = 0;
         }
         running
@@ -916,6 +917,16 @@ mod tests {
         assert_eq!(lock.release(b"b", T0 + 700), Some(true));
         assert_eq!(lock.delay_ttl(T0 + 700), None);
         assert!(granted(lock.grant(&request(b"c", 10, false, 0), next, T0 + 700)) > next);
+    }
+
+    #[test]
+    fn clearing_a_delay_that_ended_changes_nothing() {
+        let mut lock = Lock::default();
+        granted(lock.grant(&request(b"a", 10, false, 100), 0, T0));
+        assert!(lock.expire(T0 + 10));
+        let ended = lock.clone();
+        assert!(!lock.clear_delay(T0 + 200));
+        assert_eq!(lock, ended);
     }
 
     #[test]

@@ -109,6 +109,8 @@ class Lock:
         *,
         wait_ms: Optional[int] = None,
         session: bool = False,
+        shared: bool = False,
+        limit: Optional[int] = None,
         watchdog: bool = False,
         on_lost: Optional[Callable[["Lock"], None]] = None,
         retry: RetryPolicy = RetryPolicy(),
@@ -119,6 +121,12 @@ class Lock:
             not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms < 0
         ):
             raise ValueError("wait_ms must be None (do not wait) or an integer >= 0 (0: no limit)")
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10000
+        ):
+            raise ValueError("limit must be None (not a semaphore) or an integer 1..10000")
+        if shared and limit is not None:
+            raise ValueError("shared and limit exclude each other: a permit is a shared hold")
         if watchdog and ttl_ms < 3:
             raise ValueError("a watchdog renews every ttl_ms / 3: ttl_ms must be at least 3")
         self._client = client
@@ -126,6 +134,8 @@ class Lock:
         self.ttl_ms = ttl_ms
         self.wait_ms = wait_ms
         self.session = session
+        self.shared = shared
+        self.limit = limit
         self.watchdog = watchdog
         self.on_lost = on_lost
         self.retry = retry
@@ -188,6 +198,10 @@ class Lock:
         base = ["LOCK.ACQUIRE", self.key, token, self.ttl_ms]
         if self.session:
             base.append("SESSION")
+        if self.shared:
+            base.append("SHARED")
+        if self.limit is not None:
+            base += ["LIMIT", self.limit]
         waits_until = None
         if self.wait_ms:
             waits_until = time.monotonic() + self.wait_ms / 1000

@@ -259,6 +259,32 @@ class Guard(OneServer):
         with self.assertRaises(Exception):
             lock.check()
 
+    def test_shared_holders_go_together_and_a_semaphore_counts_permits(self) -> None:
+        key = fresh_key()
+        readers = [Lock(self.r, key, 10000, shared=True) for _ in range(3)]
+        fences = [reader.acquire() for reader in readers]
+        self.assertEqual(sorted(fences), fences)
+        self.assertEqual(self.server.lock_info(key)["holders"], 3)
+        with self.assertRaises(LockNotAcquired):
+            Lock(self.r, key, 10000).acquire()
+        for reader in readers:
+            self.assertTrue(reader.release())
+        with Lock(self.r, key, 10000) as writer:
+            self.assertGreater(writer.fence, fences[-1])
+        pool = fresh_key()
+        permits = [Lock(self.r, pool, 10000, limit=2) for _ in range(2)]
+        for permit in permits:
+            permit.acquire()
+        with self.assertRaises(LockNotAcquired):
+            Lock(self.r, pool, 10000, limit=2).acquire()
+        with self.assertRaises(rx.ResponseError):
+            Lock(self.r, pool, 10000, limit=3).acquire()
+        for bad in ({"limit": 0}, {"limit": True}, {"shared": True, "limit": 2}):
+            with self.assertRaises(ValueError):
+                Lock(self.r, pool, 10000, **bad)
+        self.assertTrue(permits[0].release())
+        Lock(self.r, pool, 10000, limit=2).acquire()
+
     def test_a_second_holder_is_refused_and_a_waiter_served(self) -> None:
         key = fresh_key()
         first = Lock(self.r, key, 10000)

@@ -32,11 +32,20 @@ pub struct Lock {
     key: String,
     ttl: Duration,
     wait: Wait,
+    mode: Mode,
     watchdog: bool,
     retry: RetryPolicy,
     io_timeout: Duration,
     on_lost: Option<LostCallback>,
     renewal_hook: Option<RenewalHook>,
+}
+
+/// What a [`Lock`] asks for: the whole lock, a shared hold, or a semaphore's permit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Exclusive,
+    Shared,
+    Permit(u32),
 }
 
 impl std::fmt::Debug for Lock {
@@ -45,6 +54,7 @@ impl std::fmt::Debug for Lock {
             .field("key", &self.key)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
+            .field("mode", &self.mode)
             .field("watchdog", &self.watchdog)
             .field("retry", &self.retry)
             .field("io_timeout", &self.io_timeout)
@@ -62,6 +72,7 @@ impl Lock {
             key: key.into(),
             ttl: ttl.max(Duration::from_millis(1)),
             wait: Wait::No,
+            mode: Mode::Exclusive,
             watchdog: false,
             retry: RetryPolicy::default(),
             io_timeout: Duration::from_secs(2),
@@ -85,6 +96,20 @@ impl Lock {
     /// timeout while it waits.
     pub fn wait_forever(mut self) -> Lock {
         self.wait = Wait::Forever;
+        self
+    }
+
+    /// Take a shared hold (`SHARED`): any number of shared holders at once, never beside an
+    /// exclusive one. The guard's fence proves the hold, not exclusivity.
+    pub fn shared(mut self) -> Lock {
+        self.mode = Mode::Shared;
+        self
+    }
+
+    /// Take one of the `permits` of a semaphore (`LIMIT permits`, 1 to 10000): every `Lock` on
+    /// the key must name the same number.
+    pub fn limit(mut self, permits: u32) -> Lock {
+        self.mode = Mode::Permit(permits);
         self
     }
 
@@ -188,6 +213,15 @@ impl Lock {
                 let sent_at = Instant::now();
                 let mut cmd = redis::cmd("LOCK.ACQUIRE");
                 cmd.arg(&self.key).arg(&token).arg(ttl_ms);
+                match self.mode {
+                    Mode::Exclusive => {}
+                    Mode::Shared => {
+                        cmd.arg("SHARED");
+                    }
+                    Mode::Permit(permits) => {
+                        cmd.arg("LIMIT").arg(permits);
+                    }
+                }
                 if let Some(ms) = wait_arg {
                     cmd.arg("WAIT").arg(ms);
                 }

@@ -213,3 +213,32 @@ fn lost_acquire_reply_is_retried_with_the_same_token_and_gets_the_same_fence() {
     assert!(guard.release().expect("release"));
     assert_eq!(state_of(&mut conn, "pay:9"), "free");
 }
+
+// Shared holds go together and exclude a writer; a semaphore grants its permits and refuses a
+// Lock that names another number of them.
+#[test]
+fn shared_holders_go_together_and_a_semaphore_counts_permits() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let reader = Lock::new(client(&server), "report", Duration::from_secs(30)).shared();
+    let first = reader.acquire().expect("first reader");
+    let second = reader.acquire().expect("second reader");
+    assert!(second.fence() > first.fence());
+    assert_eq!(lock_field(&mut conn, "report", "holders"), Reply::Int(2));
+    let writer = Lock::new(client(&server), "report", Duration::from_secs(30));
+    assert!(matches!(writer.acquire(), Err(Error::NotAcquired)));
+    drop(first);
+    drop(second);
+    let last_reader = fence_of(&mut conn, "report");
+    assert!(writer.acquire().expect("writer").fence() > last_reader);
+
+    let permit = Lock::new(client(&server), "pool", Duration::from_secs(30)).limit(2);
+    let held = [permit.acquire().expect("permit"), permit.acquire().expect("permit")];
+    assert!(matches!(permit.acquire(), Err(Error::NotAcquired)));
+    let other = Lock::new(client(&server), "pool", Duration::from_secs(30)).limit(3);
+    let refused = other.acquire();
+    assert!(matches!(refused, Err(Error::Redis(_))), "{refused:?}");
+    let [a, _b] = held;
+    drop(a);
+    assert!(permit.acquire().is_ok());
+}
