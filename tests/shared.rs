@@ -18,6 +18,14 @@ fn permit(c: &mut Conn, key: &str, token: &str, ttl: u64, limit: u32) -> Reply {
     acquire_with(c, key, token, ttl, &["LIMIT", &limit.to_string()])
 }
 
+/// A primary and its replica, linked.
+fn primary_and_replica() -> (Server, Server) {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    (primary, replica)
+}
+
 fn int_field(c: &mut Conn, key: &str, field: &str) -> i64 {
     lock_field(c, key, field).int()
 }
@@ -450,9 +458,7 @@ fn a_version_2_lock_still_loads() {
 
 #[test]
 fn shared_holds_and_permits_replicate_with_equal_digests_and_expire_on_the_replica_too() {
-    let primary = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&primary);
+    let (primary, replica) = primary_and_replica();
     let mut p = primary.conn();
     let w = acquire(&mut p, "rw", "w", 60_000);
     assert_eq!(
@@ -630,9 +636,7 @@ fn readers_behind_a_writer_that_gives_up_get_in_at_once() {
 
 #[test]
 fn a_queued_holder_refreshed_at_its_turn_is_replicated_and_expires_on_time() {
-    let primary = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&primary);
+    let (primary, replica) = primary_and_replica();
     let mut p = primary.conn();
     acquire(&mut p, "rw", "w", 60_000);
     let mut first = queue(&primary, "rw", "t", &["SHARED"]);
@@ -677,9 +681,7 @@ fn server_queue_with_ttl(
 
 #[test]
 fn a_sync_reader_granted_later_lets_the_readers_behind_it_in() {
-    let primary = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&primary);
+    let (primary, _replica) = primary_and_replica();
     let mut p = primary.conn();
     acquire(&mut p, "rw", "w", 60_000);
     let mut synced = queue(&primary, "rw", "r1", &["SHARED", "SYNC", "1", "2000"]);
@@ -693,9 +695,7 @@ fn a_sync_reader_granted_later_lets_the_readers_behind_it_in() {
 
 #[test]
 fn a_downgrade_counts_alike_on_the_replica() {
-    let primary = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&primary);
+    let (primary, replica) = primary_and_replica();
     let mut p = primary.conn();
     let w = acquire(&mut p, "rw", "w", 60_000);
     assert_eq!(

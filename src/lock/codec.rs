@@ -407,9 +407,7 @@ pub fn parse_member_effect(args: &[&[u8]]) -> Option<Result<MemberEffect, LockEr
 fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let (event, fence, floor) = effect_head(&mut fields)?;
-    fields.next();
-    let limit = u32::try_from(number(fields.next(), "limit")?)
-        .map_err(|_| LockError::BadEffect("limit"))?;
+    let limit = group_limit(&mut fields)?;
     let now = number(fields.next(), "time")?;
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
@@ -535,14 +533,18 @@ fn effect_head<'a>(
     Ok((event, fence, floor))
 }
 
+/// The limit after the group marker (`g` or `d`) of an effect's state.
+fn group_limit<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Result<u32, LockError> {
+    fields.next();
+    u32::try_from(number(fields.next(), "limit")?).map_err(|_| LockError::BadEffect("limit"))
+}
+
 /// Parses the effect of a lock with a group: `event:fence:floor:g:limit`, then per member its
 /// state and token.
 fn parse_group_effect(state: &[u8], members: &[&[u8]]) -> Result<Effect, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let (event, fence, floor) = effect_head(&mut fields)?;
-    fields.next();
-    let limit = u32::try_from(number(fields.next(), "limit")?)
-        .map_err(|_| LockError::BadEffect("limit"))?;
+    let limit = group_limit(&mut fields)?;
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
     }

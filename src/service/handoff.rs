@@ -15,14 +15,12 @@ use crate::host::command::CommandResult;
 use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
 use crate::host::timer;
 use crate::lock::core::{self, Acquire, Admit, Mode};
-use crate::lock::event::Event;
-use crate::lock::floor;
 use crate::lock::locked;
 use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
-use crate::service::change::{change_hold, count_grant, expire_overdue, grant_key};
+use crate::service::change::{expire_overdue, grant_key, grant_stored};
 use crate::service::value::{in_key, in_key_mut, Stored};
 use crate::service::waiters;
 
@@ -382,20 +380,8 @@ fn grant_head(
     let Kind::Acquire(request) = &head.kind else {
         return None;
     };
-    let mut outcome = Ok(Acquire::Busy);
     let lock_id = stored.id();
-    let grant = request.grant();
-    change_hold(ctx, key_name, stored, now, &request.token, |lock| {
-        outcome = lock.grant(&grant, floor::get(), now);
-        match outcome {
-            Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => Some(Event::Acquire),
-            Ok(Acquire::Downgraded { .. }) => Some(Event::Downgrade),
-            Ok(Acquire::Busy) | Err(_) => None,
-        }
-    });
-    if let Ok(Acquire::Granted { .. }) = outcome {
-        count_grant(request.mode);
-    }
+    let outcome = grant_stored(ctx, key_name, stored, &request.grant(), now);
     let (outcome, new) = match outcome {
         Ok(
             grant @ (Acquire::Granted { fence }
