@@ -4,7 +4,8 @@
 //! has them (Valkey 9), RELEASE is also measured against `DELIFEQ` and RENEW against
 //! `SET ... IFEQ ... PX`, the server's own compare-and-delete and compare-and-set. Each round runs
 //! every pair back to back, baseline and module in alternating order; the ratio is the median
-//! of the per-round ratios.
+//! of the per-round ratios. Two more rows run ACQUIRE and RELEASE with 1000 clients over 10k
+//! locks (`-c 1000 -r 10000`, pipeline 1), against the same baselines, on the plain server only.
 
 use std::fmt::Write;
 use std::time::Instant;
@@ -21,12 +22,21 @@ const FRESH_RANGE: usize = 1_000_000_000;
 const TTL: &str = "60000";
 /// The database of the held keys that RENEW and FENCE use.
 const HELD_DB: usize = 1;
+/// The crowd rows: this many redis-benchmark clients over this many locks (and strings).
+const CROWD_CLIENTS: usize = 1_000;
+const CROWD_KEYS: usize = 10_000;
+const CROWD_ACQUIRE: &str = "LOCK.ACQUIRE (10k locks, 1000 clients)";
+const CROWD_RELEASE: &str = "LOCK.RELEASE (10k locks, 1000 clients)";
+/// The holder of the crowd ACQUIRE's preloaded locks: another client (same length as TOKEN).
+const OTHER_TOKEN: &str = "0b7e5d1c-2f4a-4c9e-8d31-7a6f9e2c4b10";
 
 /// One row: a module command against its baseline at one pipeline depth.
 struct Row {
     name: &'static str,
     baseline: &'static str,
     pipeline: usize,
+    /// redis-benchmark clients (CLIENTS, or CROWD_CLIENTS for the crowd rows).
+    clients: usize,
     goal: Option<f64>,
     module: Vec<f64>,
     base: Vec<f64>,
@@ -40,11 +50,20 @@ impl Row {
             name,
             baseline,
             pipeline,
+            clients: CLIENTS,
             goal,
             module: Vec::new(),
             base: Vec::new(),
             module_cpu: Vec::new(),
             base_cpu: Vec::new(),
+        }
+    }
+
+    /// A crowd row: CROWD_CLIENTS clients, pipeline 1, no goal.
+    fn crowd(name: &'static str, baseline: &'static str) -> Row {
+        Row {
+            clients: CROWD_CLIENTS,
+            ..Row::new(name, baseline, 1, None)
         }
     }
 
@@ -126,6 +145,48 @@ struct Measured {
     rows: Vec<Row>,
     release_hits: (u64, u64),
     baseline_hits: (u64, u64),
+    /// The crowd rows' outcomes (plain setup only; Err: why they did not run).
+    crowd: Option<Result<CrowdCounts, String>>,
+}
+
+/// What the crowd runs did, summed over the rounds: (requests with that outcome, requests).
+#[derive(Default)]
+struct CrowdCounts {
+    /// LOCK.ACQUIREs that granted a free lock; that found it held by TOKEN and refreshed it;
+    /// that were refused (held by OTHER_TOKEN).
+    granted: (u64, u64),
+    refreshed: (u64, u64),
+    refused: (u64, u64),
+    /// SET NX that set their key.
+    set: (u64, u64),
+    /// LOCK.RELEASEs that found their lock held; scripts that found their string.
+    released: (u64, u64),
+    deleted: (u64, u64),
+}
+
+/// Whether 1000 clients fit: the open-files limit redis-benchmark inherits, and the server's
+/// maxclients (which redis-server lowers at start when its own open-files limit is short).
+fn crowd_headroom(conn: &mut Conn) -> Result<(), String> {
+    let files = CROWD_CLIENTS + 32;
+    if let Some(limit) = util::open_files_limit().filter(|&l| l < files as u64) {
+        return Err(format!(
+            "the bench's open-files limit (ulimit -n) is {limit}, under the {files} that \
+             redis-benchmark needs for {CROWD_CLIENTS} clients"
+        ));
+    }
+    let reply = conn.call(&["CONFIG", "GET", "maxclients"]);
+    let maxclients: usize = reply
+        .items()
+        .get(1)
+        .and_then(|v| v.text().parse().ok())
+        .unwrap_or_else(|| panic!("CONFIG GET maxclients: {reply:?}"));
+    if maxclients < CROWD_CLIENTS + 8 {
+        return Err(format!(
+            "the server's maxclients is {maxclients} (lowered to its open-files limit), under \
+             {CROWD_CLIENTS} clients and the bench's own"
+        ));
+    }
+    Ok(())
 }
 
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
@@ -174,6 +235,17 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
     let renew_sha = load_script(&mut conn, lua::RENEW);
     let locks_sha = load_script(&mut conn, lua::PRELOAD_LOCKS);
     let strings_sha = load_script(&mut conn, lua::PRELOAD_STRINGS);
+    let shas = Shas {
+        release: &release_sha,
+        locks: &locks_sha,
+        strings: &strings_sha,
+    };
+    // The crowd rows run on the plain server only (like the server's own conditionals).
+    let mut crowd =
+        (setup == Setup::Plain).then(|| crowd_headroom(&mut conn).map(|()| CrowdCounts::default()));
+    if let Some(Err(why)) = &crowd {
+        eprintln!("bench: the {CROWD_CLIENTS}-client rows are left out: {why}");
+    }
 
     let mut rows: Vec<Row> = Vec::new();
     for pipeline in [1, 16] {
@@ -202,6 +274,10 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
         if conditional.set_ifeq {
             rows.push(Row::new("LOCK.RENEW", SET_IFEQ, pipeline, None));
         }
+    }
+    if matches!(crowd, Some(Ok(_))) {
+        rows.push(Row::crowd(CROWD_ACQUIRE, "SET key token NX PX ttl"));
+        rows.push(Row::crowd(CROWD_RELEASE, "EVALSHA compare-and-delete"));
     }
     let requests = |pipeline: usize| {
         if pipeline == 1 {
@@ -381,6 +457,19 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
                 row(&mut rows, baseline, pipeline).record(b, m);
             }
         }
+
+        // The crowd: 1000 clients, each request on one of 10k keys at random, pipeline 1.
+        if let Some(Ok(counts)) = crowd.as_mut() {
+            crowd_round(
+                &server,
+                &mut conn,
+                counts,
+                &mut rows,
+                settings,
+                module_first,
+                &shas,
+            );
+        }
     }
     drop(conn);
     drop(replica);
@@ -389,7 +478,89 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
         rows,
         release_hits,
         baseline_hits,
+        crowd,
     }
+}
+
+/// The scripts the crowd runs use, loaded on the server.
+struct Shas<'a> {
+    release: &'a str,
+    locks: &'a str,
+    strings: &'a str,
+}
+
+/// One round of the crowd rows on database 0 (flushed before each run).
+///
+/// ACQUIRE (fixed token and ttl, as every redis-benchmark client sends the same command) starts
+/// with the first half of the keys held by OTHER_TOKEN and the rest free: requests on the held
+/// half are refused by both, the first on a free key is granted by both, and a repeat on a key
+/// the run took is a refresh by the holder for LOCK.ACQUIRE (the lease restarts) and a refusal
+/// for SET NX. RELEASE starts with every key held by TOKEN: the first request on a key releases
+/// it, repeats find it released.
+fn crowd_round(
+    server: &crate::common::Server,
+    conn: &mut Conn,
+    counts: &mut CrowdCounts,
+    rows: &mut [Row],
+    settings: &Settings,
+    module_first: bool,
+    shas: &Shas<'_>,
+) {
+    let n = settings.crowd_requests;
+    let run = |command: &[&str]| redis_benchmark(server, CROWD_CLIENTS, n, 1, CROWD_KEYS, command);
+    let lease = || vec![OTHER_TOKEN.to_string(), "600000".to_string()];
+    let (b, m) = pair(module_first, |module| {
+        flushdb(conn);
+        if !module {
+            preload(conn, shas.strings, "s:", CROWD_KEYS / 2, 50_000, lease);
+            let before = conn.call(&["DBSIZE"]).int() as u64;
+            let result = run(&["SET", "s:__rand_int__", TOKEN, "NX", "PX", TTL]);
+            counts.set.0 += conn.call(&["DBSIZE"]).int() as u64 - before;
+            counts.set.1 += n as u64;
+            result
+        } else {
+            preload(conn, shas.locks, "l:", CROWD_KEYS / 2, 50_000, lease);
+            let held = info_u64(conn, "lock", "lock_held");
+            let acquired = info_u64(conn, "lock", "lock_acquired");
+            let contended = info_u64(conn, "lock", "lock_acquire_contended");
+            let result = run(&["LOCK.ACQUIRE", "l:__rand_int__", TOKEN, TTL]);
+            // New holds raise lock_held; refreshes by the holder count in lock_acquired only.
+            let granted = info_u64(conn, "lock", "lock_held") - held;
+            let grants = info_u64(conn, "lock", "lock_acquired") - acquired;
+            counts.granted.0 += granted;
+            counts.refreshed.0 += grants - granted;
+            counts.refused.0 += info_u64(conn, "lock", "lock_acquire_contended") - contended;
+            for outcome in [
+                &mut counts.granted,
+                &mut counts.refreshed,
+                &mut counts.refused,
+            ] {
+                outcome.1 += n as u64;
+            }
+            result
+        }
+    });
+    row_of(rows, "SET key token NX PX ttl", 1, CROWD_CLIENTS).record(b, m);
+
+    let mine = || vec![TOKEN.to_string(), "600000".to_string()];
+    let (b, m) = pair(module_first, |module| {
+        flushdb(conn);
+        if !module {
+            preload(conn, shas.strings, "s:", CROWD_KEYS, 50_000, mine);
+            let result = run(&["EVALSHA", shas.release, "1", "s:__rand_int__", TOKEN]);
+            counts.deleted.0 += CROWD_KEYS as u64 - conn.call(&["DBSIZE"]).int() as u64;
+            counts.deleted.1 += n as u64;
+            result
+        } else {
+            preload(conn, shas.locks, "l:", CROWD_KEYS, 50_000, mine);
+            let before = info_u64(conn, "lock", "lock_released");
+            let result = run(&["LOCK.RELEASE", "l:__rand_int__", TOKEN]);
+            counts.released.0 += info_u64(conn, "lock", "lock_released") - before;
+            counts.released.1 += n as u64;
+            result
+        }
+    });
+    row_of(rows, "EVALSHA compare-and-delete", 1, CROWD_CLIENTS).record(b, m);
 }
 
 /// The full table of the plain setup, with the goals.
@@ -398,6 +569,7 @@ fn table(settings: &Settings, measured: &Measured) -> Outcome {
         rows,
         release_hits,
         baseline_hits,
+        crowd,
     } = measured;
     let held = settings.held_keys;
     let mut table = String::new();
@@ -460,6 +632,42 @@ fn table(settings: &Settings, measured: &Measured) -> Outcome {
         100.0 * release_hits.0 as f64 / release_hits.1.max(1) as f64,
         100.0 * baseline_hits.0 as f64 / baseline_hits.1.max(1) as f64,
     );
+    let percent = |(hits, of): (u64, u64)| 100.0 * hits as f64 / of.max(1) as f64;
+    match crowd {
+        Some(Ok(counts)) => {
+            let _ = writeln!(
+                table,
+                "\nThe rows with {CROWD_CLIENTS} clients (on this server only, not in the replica \
+                 and AOF table): redis-benchmark `-c {CROWD_CLIENTS} -r {CROWD_KEYS}`, pipeline 1, \
+                 {} requests per run, so {CROWD_CLIENTS} connections are open and each request \
+                 names one of {CROWD_KEYS} keys at random; each run's database holds only its \
+                 preload. ACQUIRE (one token and ttl for all, as redis-benchmark sends one \
+                 command) starts with {} of the {CROWD_KEYS} keys (50%) held by another token and \
+                 the rest free: {:.0}% of the LOCK.ACQUIREs granted a free lock, {:.0}% found it \
+                 already held by their own token and refreshed its lease (what a retry gets; SET \
+                 NX refuses these), {:.0}% were refused; {:.0}% of the SET NX set their key. \
+                 RELEASE starts with all {CROWD_KEYS} keys (100%) held by the token: {:.0}% of the \
+                 LOCK.RELEASEs found their lock held ({:.0}% of the scripts found their string), \
+                 the rest one that the run had released. Their server CPU per request also \
+                 counts accepting and closing the run's {CROWD_CLIENTS} connections.",
+                settings.crowd_requests,
+                CROWD_KEYS / 2,
+                percent(counts.granted),
+                percent(counts.refreshed),
+                percent(counts.refused),
+                percent(counts.set),
+                percent(counts.released),
+                percent(counts.deleted),
+            );
+        }
+        Some(Err(why)) => {
+            let _ = writeln!(
+                table,
+                "\nThe rows with {CROWD_CLIENTS} clients over {CROWD_KEYS} locks did not run: {why}."
+            );
+        }
+        None => {}
+    }
     Outcome { table, goals }
 }
 
@@ -487,7 +695,11 @@ fn setups_table(plain: &Measured, others: &[(Setup, Measured); 2]) -> String {
             measured
                 .rows
                 .iter()
-                .find(|r| r.baseline == row.baseline && r.pipeline == row.pipeline)
+                .find(|r| {
+                    r.baseline == row.baseline
+                        && r.pipeline == row.pipeline
+                        && r.clients == row.clients
+                })
                 .map(|r| format!("{:.2}x (CPU {:.2}x)", r.ratio(), r.cpu_ratio()))
         };
         let (Some(replica), Some(aof)) = (find(&others[0].1), find(&others[1].1)) else {
@@ -508,7 +720,12 @@ fn setups_table(plain: &Measured, others: &[(Setup, Measured); 2]) -> String {
 
 /// The row of `baseline` (each baseline names one row per pipeline).
 fn row<'a>(rows: &'a mut [Row], baseline: &str, pipeline: usize) -> &'a mut Row {
+    row_of(rows, baseline, pipeline, CLIENTS)
+}
+
+/// The row of `baseline` at `pipeline` with `clients` clients.
+fn row_of<'a>(rows: &'a mut [Row], baseline: &str, pipeline: usize, clients: usize) -> &'a mut Row {
     rows.iter_mut()
-        .find(|r| r.baseline == baseline && r.pipeline == pipeline)
+        .find(|r| r.baseline == baseline && r.pipeline == pipeline && r.clients == clients)
         .expect("row")
 }

@@ -1,7 +1,7 @@
 //! What every bench section shares: settings, statistics, CPU pinning, servers, Lua preloads,
 //! INFO fields and the redis-benchmark runner.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{Config, Conn, Reply, Server};
@@ -39,6 +39,8 @@ pub struct Settings {
     /// Seconds of each readers-and-writers run, and its rounds (each runs both mixes).
     pub readers_writers_secs: f64,
     pub readers_writers_rounds: usize,
+    /// Requests per redis-benchmark run of the 1000-client rows over 10k locks (single section).
+    pub crowd_requests: usize,
 }
 
 impl Settings {
@@ -63,6 +65,7 @@ impl Settings {
                 cycle_rounds: 2,
                 readers_writers_secs: 1.0,
                 readers_writers_rounds: 1,
+                crowd_requests: 10_000,
             }
         } else {
             Settings {
@@ -83,6 +86,7 @@ impl Settings {
                 cycle_rounds: 5,
                 readers_writers_secs: 3.0,
                 readers_writers_rounds: 3,
+                crowd_requests: 30_000,
             }
         }
     }
@@ -311,6 +315,25 @@ pub fn cpu_ns(pid: u32) -> Option<u64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
+/// How long one redis-benchmark run may take before it is killed (the longest take seconds).
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// The soft limit on open files of this process (`ulimit -n`), which the redis-benchmark
+/// processes it starts inherit: one file per client. None where /proc does not tell.
+pub fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let soft = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?;
+    if soft == "unlimited" {
+        Some(u64::MAX)
+    } else {
+        soft.parse().ok()
+    }
+}
+
 /// The redis-benchmark binary: `$REDIS_BENCHMARK` or `redis-benchmark` from PATH.
 pub fn redis_benchmark_binary() -> String {
     std::env::var("REDIS_BENCHMARK").unwrap_or_else(|_| "redis-benchmark".to_string())
@@ -354,15 +377,42 @@ pub fn redis_benchmark_db(
     command: &[&str],
 ) -> LoadRun {
     let cpu_before = cpu_ns(server.pid());
-    let out = Command::new(redis_benchmark_binary())
+    let child = Command::new(redis_benchmark_binary())
         .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
         .args(["-c", &clients.to_string(), "-n", &requests.to_string()])
         .args(["-P", &pipeline.to_string(), "-r", &keyspace.to_string()])
         .args(["--dbnum", &db.to_string()])
         .arg("--csv")
         .args(command)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run redis-benchmark");
+    // Bounded: a run that hangs (a server that stopped answering, clients it refused) is killed
+    // after RUN_LIMIT and the bench stops there (the Server guards stop the servers). Until the
+    // waiter has collected it, the child's pid cannot be reused, so the kill hits only it.
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = done.send(());
+        out
+    });
+    let timed_out = finished.recv_timeout(RUN_LIMIT).is_err();
+    if timed_out {
+        crate::common::signal("-KILL", pid);
+    }
+    let out = waiter
+        .join()
+        .expect("redis-benchmark waiter")
+        .expect("run redis-benchmark");
+    assert!(
+        !timed_out,
+        "redis-benchmark {command:?} ({clients} clients, {requests} requests) did not finish \
+         within {} s: killed",
+        RUN_LIMIT.as_secs()
+    );
     let cpu = match (cpu_before, cpu_ns(server.pid())) {
         (Some(before), Some(after)) => (after - before) as f64 / 1e3 / requests as f64,
         _ => f64::NAN,
