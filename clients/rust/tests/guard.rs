@@ -233,7 +233,10 @@ fn shared_holders_go_together_and_a_semaphore_counts_permits() {
     assert!(writer.acquire().expect("writer").fence() > last_reader);
 
     let permit = Lock::new(client(&server), "pool", Duration::from_secs(30)).limit(2);
-    let held = [permit.acquire().expect("permit"), permit.acquire().expect("permit")];
+    let held = [
+        permit.acquire().expect("permit"),
+        permit.acquire().expect("permit"),
+    ];
     assert!(matches!(permit.acquire(), Err(Error::NotAcquired)));
     let other = Lock::new(client(&server), "pool", Duration::from_secs(30)).limit(3);
     let refused = other.acquire();
