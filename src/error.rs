@@ -4,8 +4,6 @@ use std::fmt;
 
 use redis_module::RedisError;
 
-use crate::lock::core::Refused;
-
 /// One variant per reply a client may get; [`LockError::reply`] is the exact text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockError {
@@ -162,17 +160,6 @@ impl LockError {
     /// An internal error; `what` is logged when it is replied.
     pub fn internal(what: &'static str) -> LockError {
         LockError::Internal(what)
-    }
-}
-
-impl From<Refused> for LockError {
-    fn from(refused: Refused) -> Self {
-        match refused {
-            Refused::FenceExhausted => LockError::FenceExhausted,
-            Refused::Upgrade => LockError::Upgrade,
-            Refused::NotSemaphore => LockError::NotSemaphore,
-            Refused::Semaphore { limit } => LockError::SemaphoreLimit { limit },
-        }
     }
 }
 

@@ -437,6 +437,19 @@ fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError
 fn parse_member(state: &[u8], token: &[u8]) -> Result<Member, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let fence = number(fields.next(), "fence")?;
+    let holder = effect_holder(&mut fields, token)?;
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    Ok(Member { fence, holder })
+}
+
+/// A holder from the effect fields `deadline:holds:flags[:delay]` that `fields` goes on with,
+/// and its token.
+fn effect_holder<'a>(
+    fields: &mut impl Iterator<Item = &'a [u8]>,
+    token: &[u8],
+) -> Result<Holder, LockError> {
     let deadline = number(fields.next(), "deadline")?;
     let holds = number(fields.next(), "holds")?;
     let flags = number(fields.next(), "flags")?;
@@ -445,11 +458,7 @@ fn parse_member(state: &[u8], token: &[u8]) -> Result<Member, LockError> {
     } else {
         0
     };
-    if fields.next().is_some() {
-        return Err(LockError::BadEffect("extra fields"));
-    }
-    let holder = holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)?;
-    Ok(Member { fence, holder })
+    holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)
 }
 
 /// A decoded `LOCK.APPLY`.
@@ -490,17 +499,7 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
             }
             None
         }
-        Some(token) => {
-            let deadline = number(fields.next(), "deadline")?;
-            let holds = number(fields.next(), "holds")?;
-            let flags = number(fields.next(), "flags")?;
-            let delay = if flags & FLAG_DELAY != 0 {
-                number(fields.next(), "lock-delay")?
-            } else {
-                0
-            };
-            Some(holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)?)
-        }
+        Some(token) => Some(effect_holder(&mut fields, token)?),
     };
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));

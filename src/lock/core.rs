@@ -5,6 +5,8 @@
 //! `expiry`) calls these functions and turns their outcomes into replies, notifications and
 //! replicated effects.
 
+use crate::error::LockError;
+
 /// How many fences fit into one millisecond of the fence clock (see [`next_fence`]).
 pub const FENCE_CLOCK_SHIFT: u32 = 11;
 
@@ -139,6 +141,18 @@ pub enum Refused {
 impl From<FenceExhausted> for Refused {
     fn from(_: FenceExhausted) -> Self {
         Refused::FenceExhausted
+    }
+}
+
+/// The reply a refusal gets (beside the core so that `error` needs nothing from `lock`).
+impl From<Refused> for LockError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::FenceExhausted => LockError::FenceExhausted,
+            Refused::Upgrade => LockError::Upgrade,
+            Refused::NotSemaphore => LockError::NotSemaphore,
+            Refused::Semaphore { limit } => LockError::SemaphoreLimit { limit },
+        }
     }
 }
 

@@ -63,10 +63,7 @@ pub fn propagate(
     let lock = stored.lock();
     if lock.group.is_some() {
         // Shared or permit holders: one state and token per holder.
-        let mut args = codec::effect_args(event, lock);
-        args.insert(0, key.as_slice().to_vec());
-        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-        ctx.replicate(APPLY_NAME, refs.as_slice());
+        replicate_apply(ctx, key, &codec::effect_args(event, lock));
         return;
     }
     let state = State::of(event, lock);
@@ -86,9 +83,15 @@ pub fn propagate_hold(
     now: u64,
 ) {
     announce(ctx, key, event, stored, old_due);
-    let mut args = codec::member_effect_args(event, stored.lock(), token, now);
-    args.insert(0, key.as_slice().to_vec());
-    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    let args = codec::member_effect_args(event, stored.lock(), token, now);
+    replicate_apply(ctx, key, &args);
+}
+
+/// Sends `LOCK.APPLY key args...` to replicas and the AOF.
+fn replicate_apply(ctx: &Context, key: &RedisString, args: &[Vec<u8>]) {
+    let refs: Vec<&[u8]> = std::iter::once(key.as_slice())
+        .chain(args.iter().map(Vec::as_slice))
+        .collect();
     ctx.replicate(APPLY_NAME, refs.as_slice());
 }
 
