@@ -9,7 +9,9 @@
 //! - `memory`: bytes per held and per released lock against a SET PX string;
 //! - `scale`: acquire with 1M locks against 1k, and 1M leases that end together;
 //! - `shared`: the SHARED acquire/release cycle against the exclusive one, and 64 readers + 4
-//!   writers on one lock against the same 68 clients all exclusive.
+//!   writers on one lock against the same 68 clients all exclusive;
+//! - `profile`: where the server's CPU time goes (perf) for ACQUIRE, RELEASE and RENEW and
+//!   their baselines, grouped (lease index, rest of the module, keyspace, Lua, kernel...).
 //!
 //! The servers are redis-server (`$REDIS_SERVER`) with `$LOCK_MODULE` (`make bench` sets the
 //! release build), each started and stopped by the test harness' Server guard, on loopback.
@@ -21,6 +23,7 @@
 mod common;
 mod contention;
 mod memory;
+mod profile;
 mod scale;
 mod shared;
 mod single;
@@ -32,7 +35,14 @@ use std::time::Instant;
 
 use util::{progress, Pinning, Settings};
 
-const SECTIONS: [&str; 5] = ["single", "contention", "memory", "scale", "shared"];
+const SECTIONS: [&str; 6] = [
+    "single",
+    "contention",
+    "memory",
+    "scale",
+    "shared",
+    "profile",
+];
 
 /// The 1-minute load average (Linux), to show when something else ran beside the bench.
 fn load_average() -> String {
@@ -112,6 +122,10 @@ fn main() {
     }
     if wanted("shared") {
         let out = shared::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+    if wanted("profile") {
+        let out = profile::run(&settings, &pinning, started);
         show(out.table, out.goals);
     }
 

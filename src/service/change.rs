@@ -7,7 +7,7 @@ use redis_module::{Context, RedisString};
 
 use crate::error::LockError;
 use crate::host::keys;
-use crate::host::server::{is_cluster, selected_db};
+use crate::host::server::is_cluster;
 use crate::lock::codec::State;
 use crate::lock::core::{Acquire, Lock, Mode, Refused, Request};
 use crate::lock::event::Event;
@@ -53,7 +53,6 @@ fn change_of(
     token: Option<&[u8]>,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
-    let before = stored.due();
     let had_group = stored.lock().group.is_some();
     let event = stored.update(change)?;
     if matches!(event, Event::Expired | Event::SessionEnd) && stored.lock().delay_ttl(now).is_some()
@@ -71,9 +70,9 @@ fn change_of(
     );
     match token {
         Some(token) if alone && had_group && stored.lock().group.is_some() => {
-            effects::propagate_hold(ctx, key, event, stored, before, token, now);
+            effects::propagate_hold(ctx, key, event, stored, token, now);
         }
-        _ => effects::propagate(ctx, key, event, stored, before),
+        _ => effects::propagate(ctx, key, event, stored),
     }
     if event.frees() {
         if sessions::any() {
@@ -130,27 +129,18 @@ pub fn reclaim_if_due(
     }
     if waiters::queued(ctx, key_name) {
         // Acquirers are served right after the change that freed the lock; look again later.
-        let before = stored.due();
         stored.postpone_reclaim(now);
-        let db = selected_db(ctx);
-        leases::reindex(
-            ctx,
-            stored.id(),
-            db,
-            key_name.as_slice(),
-            before,
-            stored.due(),
-        );
+        leases::follow(ctx, stored, key_name.as_slice());
         waiters::signal_ready(ctx, key_name);
         return false;
     }
-    let (id, due) = (stored.id(), stored.due());
+    let (id, indexed) = (stored.id(), stored.indexed());
     let state = State::of(Event::Reclaim, stored.lock());
     // The value is freed by the deletion: nothing may use `stored` from here on.
     if key.delete().is_err() {
         return false;
     }
-    effects::announce_deleted(ctx, key_name, id, due);
+    effects::announce_deleted(ctx, key_name, id, indexed);
     keys::replicate_key_state(ctx, APPLY, key_name, state.as_bytes(), None);
     metrics::RECLAIMED.incr();
     true
@@ -163,33 +153,33 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
     let key = ctx.open_key_writable(key_name);
     match in_key_mut(&key) {
         Ok(Some(stored)) if short_id(stored.id()) == id => {
+            // Its entry is gone; whatever is due later gets a new one.
+            stored.unindexed();
             expire_overdue(ctx, key_name, stored, now);
-            let before = stored.due();
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.
-                leases::reindex(
-                    ctx,
-                    stored.id(),
-                    selected_db(ctx),
-                    key_name.as_slice(),
-                    before,
-                    stored.due(),
-                );
                 hand_over(ctx, key_name, stored, now);
             }
         }
         _ => return,
     }
-    reclaim_if_due(ctx, &key, key_name, now);
+    if !reclaim_if_due(ctx, &key, key_name, now) {
+        if let Ok(Some(stored)) = in_key_mut(&key) {
+            leases::follow(ctx, stored, key_name.as_slice());
+        }
+    }
 }
 
-/// The id of the lock under `key` and when the lease index should look at it next (see
-/// `Stored::due`). Looks without touching the key (see `keys::open_quietly`): it runs for keys
-/// that may not be locks at all.
-pub fn due_of(ctx: &Context, key_name: &RedisString) -> Option<(u64, u64)> {
+/// Gives the lock under `key` (in the selected db), which arrived there without a grant, an
+/// entry of its own in the lease index (one under its former name, if any, finds no lock with
+/// its id there and is dropped). Looks without touching the key (see `keys::open_quietly`): it
+/// runs for keys that may not be locks at all.
+pub fn index_arrived(ctx: &Context, key_name: &RedisString) {
     let key = keys::open_quietly(ctx, key_name);
-    let stored = in_key_mut(&key).ok().flatten()?;
-    stored.due().map(|d| (stored.id(), d))
+    if let Ok(Some(stored)) = in_key_mut(&key) {
+        stored.unindexed();
+        leases::follow(ctx, stored, key_name.as_slice());
+    }
 }
 
 /// Settles a key whose waiters may be able to proceed: it was deleted, flushed, swapped or
@@ -225,7 +215,7 @@ pub fn create_for_waiters(ctx: &Context, key: &RedisKeyWritable, key_name: &Redi
         .is_ok()
     {
         if let Ok(Some(stored)) = in_key_mut(key) {
-            effects::propagate(ctx, key_name, Event::Sync, stored, None);
+            effects::propagate(ctx, key_name, Event::Sync, stored);
         }
         waiters::signal_ready(ctx, key_name);
     }
@@ -351,7 +341,7 @@ pub fn grant_key(
                     .map_err(|_| LockError::internal("a new lock could not be stored"))?;
                 let stored = in_key_mut(key)?
                     .ok_or(LockError::internal("a new lock vanished from its key"))?;
-                effects::propagate(ctx, name, Event::Acquire, stored, None);
+                effects::propagate(ctx, name, Event::Acquire, stored);
                 (outcome, stored.id())
             }
         }

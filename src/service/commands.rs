@@ -129,7 +129,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     .map_err(|_| LockError::internal("a new lock could not be stored"))?;
                 let stored = in_key_mut(&key)?
                     .ok_or(LockError::internal("a new lock vanished from its key"))?;
-                effects::propagate(ctx, key_name, Event::Acquire, stored, None);
+                effects::propagate(ctx, key_name, Event::Acquire, stored);
                 lock_id = stored.id();
             }
             (outcome, lock_id)
@@ -418,18 +418,18 @@ fn applied(
     event: Event,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
-    let (before, old_fence) = match in_key_mut(key)? {
+    let old_fence = match in_key_mut(key)? {
         Some(stored) => {
-            let before = (stored.due(), stored.lock().fence);
+            let old_fence = stored.lock().fence;
             stored.update(change)?;
-            before
+            old_fence
         }
         None => {
             let mut lock = Lock::default();
             change(&mut lock)?;
             key.set_value(&LOCK_TYPE, Stored::new(lock))
                 .map_err(|_| LockError::internal("an applied lock could not be stored"))?;
-            (None, 0)
+            0
         }
     };
     let stored =
@@ -454,7 +454,7 @@ fn applied(
             metrics::DELAYED.incr();
         }
     }
-    effects::announce(ctx, key_name, event, stored, before);
+    effects::announce(ctx, key_name, event, stored);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
@@ -463,11 +463,11 @@ fn applied(
 /// The primary deleted a free lock: so does the replica (or the AOF replay).
 fn apply_reclaim(ctx: &Context, key: &RedisKeyWritable, key_name: &RedisString) -> CommandResult {
     if let Some(stored) = in_key_mut(key)? {
-        let (id, due) = (stored.id(), stored.due());
+        let (id, indexed) = (stored.id(), stored.indexed());
         // The value is freed by the deletion: nothing may use `stored` from here on.
         key.delete()
             .map_err(|_| LockError::internal("a reclaimed lock could not be deleted"))?;
-        effects::announce_deleted(ctx, key_name, id, due);
+        effects::announce_deleted(ctx, key_name, id, indexed);
         if !is_loading(ctx) {
             metrics::RECLAIMED.incr();
         }

@@ -8,7 +8,7 @@
 use redis_module::{Context, NotifyEvent, RedisString};
 
 use crate::host::keys;
-use crate::host::server::{is_primary, now_ms, selected_db};
+use crate::host::server::{is_primary, now_ms};
 use crate::lock::codec::{self, State};
 use crate::lock::event::Event;
 use crate::lock::floor;
@@ -22,44 +22,27 @@ const APPLY_NAME: &str = "LOCK.APPLY";
 pub const FLOOR: &str = "LOCK.FLOOR";
 
 /// Tells the rest of the server about a change that already happened to the lock under `key`:
-/// WATCH invalidation, the keyspace notification and the lease index. `old_due` is when the
-/// lease index was to look at the lock before the change (see `Stored::due`).
-pub fn announce(
-    ctx: &Context,
-    key: &RedisString,
-    event: Event,
-    stored: &Stored,
-    old_due: Option<u64>,
-) {
+/// WATCH invalidation, the keyspace notification and the lease index.
+pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
     keys::signal_modified(ctx, key);
     if let Some(name) = event.notification() {
         keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }
-    let new_due = stored.due();
-    if old_due != new_due {
-        let db = selected_db(ctx);
-        leases::reindex(ctx, stored.id(), db, key.as_slice(), old_due, new_due);
-    }
+    leases::follow(ctx, stored, key.as_slice());
 }
 
-/// Tells the rest of the server that the lock under `key` (id `id`, due at `old_due` in the
-/// lease index) was deleted by the module, as DEL would: WATCH invalidation, the `del` event,
-/// and its entry leaves the lease index.
-pub fn announce_deleted(ctx: &Context, key: &RedisString, id: u64, old_due: Option<u64>) {
+/// Tells the rest of the server that the lock under `key` (id `id`, with its lease index entry
+/// at `indexed`, see `Stored::indexed`) was deleted by the module, as DEL would: WATCH
+/// invalidation, the `del` event, and its entry leaves the lease index.
+pub fn announce_deleted(ctx: &Context, key: &RedisString, id: u64, indexed: Option<u64>) {
     keys::signal_modified(ctx, key);
     keys::notify(ctx, NotifyEvent::GENERIC, c"del", key);
-    leases::reindex(ctx, id, selected_db(ctx), key.as_slice(), old_due, None);
+    leases::forget(ctx, id, key.as_slice(), indexed);
 }
 
 /// On the primary: announces a change and sends it to replicas and the AOF.
-pub fn propagate(
-    ctx: &Context,
-    key: &RedisString,
-    event: Event,
-    stored: &Stored,
-    old_due: Option<u64>,
-) {
-    announce(ctx, key, event, stored, old_due);
+pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
+    announce(ctx, key, event, stored);
     let lock = stored.lock();
     if lock.group.is_some() {
         // Shared or permit holders: one state and token per holder.
@@ -78,11 +61,10 @@ pub fn propagate_hold(
     key: &RedisString,
     event: Event,
     stored: &Stored,
-    old_due: Option<u64>,
     token: &[u8],
     now: u64,
 ) {
-    announce(ctx, key, event, stored, old_due);
+    announce(ctx, key, event, stored);
     let args = codec::member_effect_args(event, stored.lock(), token, now);
     replicate_apply(ctx, key, &args);
 }

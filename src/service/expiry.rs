@@ -99,10 +99,7 @@ pub fn on_due(ctx: &Context) {
 /// Indexes the lock under `key` in the selected db (keyspace events for keys that arrive
 /// without a grant: RENAME, MOVE, COPY, RESTORE).
 pub fn index_key(ctx: &Context, key: &[u8]) {
-    let name = key_string(ctx, key);
-    if let Some((id, due)) = change::due_of(ctx, &name) {
-        leases::insert(ctx, due, selected_db(ctx), id, key);
-    }
+    change::index_arrived(ctx, &key_string(ctx, key));
 }
 
 /// Rebuilds the index from the keyspace (after loading).
@@ -112,7 +109,8 @@ pub fn rebuild(ctx: &Context) {
     let mut db = 0;
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
-            if let Some(due) = stored.due() {
+            stored.unindexed();
+            if let Some((_, due)) = stored.index_move() {
                 found.push((due, db, stored.id(), key.into()));
             }
         });

@@ -1,6 +1,6 @@
 //! The process' lease index and the one timer armed for its earliest deadline.
 //!
-//! Changes keep the index in step ([`reindex`]); when the timer fires it calls the due handler
+//! Changes keep the index in step ([`follow`]); when the timer fires it calls the due handler
 //! that [`set_due_handler`] installed at load (expiry, a layer above), which takes entries with
 //! [`pop_due`] and re-arms with [`arm_next`].
 
@@ -8,10 +8,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use redis_module::Context;
 
-use crate::host::server::now_ms;
+use crate::host::server::{now_ms, selected_db};
 use crate::host::timer::{self, TimerId};
 use crate::lock::lease_index::{Due, LeaseIndex};
 use crate::lock::locked;
+use crate::service::value::Stored;
 
 struct Leases {
     index: LeaseIndex,
@@ -54,11 +55,27 @@ fn arm(ctx: &Context, leases: &mut Leases, at: u64) {
 
 /// Moves the entry of lock `id` (under `key` in `db`) from deadline `old` to `new` and makes
 /// sure the timer fires in time.
-pub fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
+fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
     let mut leases = leases();
     leases.index.reindex(db, id, key, old, new);
     if let Some(new) = new {
         arm(ctx, &mut leases, new);
+    }
+}
+
+/// Keeps the entry of the lock `stored` under `key` (in the selected db) no later than the time
+/// it is due (see `Stored::index_move`): a later due time leaves it where it is.
+pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
+    if let Some((old, new)) = stored.index_move() {
+        reindex(ctx, stored.id(), selected_db(ctx), key, old, Some(new));
+    }
+}
+
+/// The lock `id` under `key` (in the selected db), whose entry came due at `indexed` (see
+/// `Stored::indexed`), was deleted: its entry goes too.
+pub fn forget(ctx: &Context, id: u64, key: &[u8], indexed: Option<u64>) {
+    if indexed.is_some() {
+        reindex(ctx, id, selected_db(ctx), key, indexed, None);
     }
 }
 

@@ -3,6 +3,7 @@
 //! Drop keep the `lock_keys` and `lock_held` gauges and the fence floor in step, whatever created
 //! or removed the value (a grant, RDB, RESTORE, COPY, DEL, FLUSHALL).
 
+use std::cell::Cell;
 use std::ffi::CStr;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,15 +35,20 @@ pub struct Stored {
     lock: Lock,
     /// Unique per value in this process: the lease index's handle on it (never persisted).
     id: u64,
-    /// When the current holder got the lock (monotonic µs), for the hold-time histogram;
-    /// unknown for a holder that arrived by loading, RESTORE or COPY.
-    held_since: Option<Moment>,
-    /// For a free lock: when it may be reclaimed (deleted), `lock.tombstone-ttl` after it became
-    /// free or arrived free (ms since the epoch; in memory only).
-    reclaim_at: Option<Moment>,
+    /// A held lock: when its hold began (monotonic µs), for the hold-time histogram; unknown for
+    /// a holder that arrived by loading, RESTORE or COPY. A free lock: when it may be reclaimed
+    /// (deleted), `lock.tombstone-ttl` after it became free or arrived free (ms since the
+    /// epoch). A lock is one or the other, so one field serves both (see [`Stored::reclaim_at`]) and
+    /// the value stays within 96 bytes.
+    since_or_reclaim: Option<Moment>,
     /// For a free lock in a lock-delay: when the delay ends and its waiters are to be served
     /// (ms since the epoch; in memory only, derived from the lock).
     wake_at: Option<Moment>,
+    /// When this lock's entry in the lease index comes due, no later than [`Stored::due`]; `None`
+    /// without an entry. An entry that comes due early costs one look at the lock, so a renewal
+    /// (a later deadline) leaves the entry where it is, and only a change to an earlier time
+    /// moves it (see `leases::follow`). A `Cell`: the index is kept from shared borrows too.
+    indexed: Cell<Option<Moment>>,
 }
 
 /// A point in time (ms since the epoch, or monotonic µs), never 0: an `Option` of it takes 8
@@ -72,9 +78,9 @@ impl Stored {
         let mut stored = Stored {
             lock,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            held_since: None,
-            reclaim_at,
+            since_or_reclaim: reclaim_at,
             wake_at: None,
+            indexed: Cell::new(None),
         };
         stored.follow_delay(now);
         stored
@@ -86,7 +92,7 @@ impl Stored {
         let until = self.lock.delayed_until;
         if !self.lock.has_holders() && until > now {
             self.wake_at = Some(moment(until));
-            self.reclaim_at = self.reclaim_at.map(|at| at.max(moment(until)));
+            self.since_or_reclaim = self.since_or_reclaim.map(|at| at.max(moment(until)));
         } else {
             self.wake_at = None;
         }
@@ -106,13 +112,42 @@ impl Stored {
     pub fn granted(lock: Lock) -> Self {
         let mut stored = Stored::new(lock);
         if stored.lock.has_holders() {
-            stored.held_since = Some(moment(metrics::monotonic_us()));
+            stored.since_or_reclaim = Some(moment(metrics::monotonic_us()));
         }
         stored
     }
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// A free lock: when it may be reclaimed.
+    fn reclaim_at(&self) -> Option<Moment> {
+        self.since_or_reclaim.filter(|_| !self.lock.has_holders())
+    }
+
+    /// Where the lease index must put this lock's entry so that it comes due no later than
+    /// [`Stored::due`]: `Some((old, new))` to move it from `old` (when it has one) to `new`, and
+    /// the value now says it is at `new`; `None` when the entry already comes due in time (or
+    /// nothing is due).
+    pub fn index_move(&self) -> Option<(Option<u64>, u64)> {
+        let due = moment(self.due()?);
+        let old = self.indexed.get();
+        if old.is_some_and(|at| at <= due) {
+            return None;
+        }
+        self.indexed.set(Some(due));
+        Some((old.map(NonZeroU64::get), due.get()))
+    }
+
+    /// The time of this lock's entry in the lease index, if it has one.
+    pub fn indexed(&self) -> Option<u64> {
+        self.indexed.get().map(NonZeroU64::get)
+    }
+
+    /// The lease index gave up this lock's entry (it came due): it has none now.
+    pub fn unindexed(&self) {
+        self.indexed.set(None);
     }
 
     pub fn lock(&self) -> &Lock {
@@ -122,7 +157,7 @@ impl Stored {
     /// When the lease index should look at this lock next: the earliest lease deadline when
     /// held, the reclaim time when free.
     pub fn due(&self) -> Option<u64> {
-        let reclaim_at = self.reclaim_at.map(NonZeroU64::get);
+        let reclaim_at = self.reclaim_at().map(NonZeroU64::get);
         match (self.lock.next_deadline(), self.wake_at.map(NonZeroU64::get)) {
             (Some(deadline), _) => Some(deadline),
             (None, Some(wake)) => Some(reclaim_at.map_or(wake, |at| at.min(wake))),
@@ -133,14 +168,14 @@ impl Stored {
     /// For a free lock: true when its tombstone time is up at `now` (and no lock-delay runs).
     pub fn reclaimable(&self, now: u64) -> bool {
         !self.lock.has_holders()
-            && self.reclaim_at.is_some_and(|at| at.get() <= now)
+            && self.reclaim_at().is_some_and(|at| at.get() <= now)
             && self.lock.delayed_until <= now
     }
 
     /// A free lock that could not be reclaimed yet (clients queue for it): looks again later.
     pub fn postpone_reclaim(&mut self, now: u64) {
         if !self.lock.has_holders() {
-            self.reclaim_at = Some(moment(reclaim_time(now).max(now.saturating_add(1000))));
+            self.since_or_reclaim = Some(moment(reclaim_time(now).max(now.saturating_add(1000))));
         }
     }
 
@@ -154,16 +189,14 @@ impl Stored {
             metrics::HELD.add(if is_held { 1 } else { -1 });
             let now = metrics::monotonic_us();
             if is_held {
-                self.held_since = Some(moment(now));
-            } else if let Some(since) = self.held_since.take().map(NonZeroU64::get) {
+                self.since_or_reclaim = Some(moment(now));
+            } else if let Some(since) = self.since_or_reclaim.take().map(NonZeroU64::get) {
                 metrics::HOLD.record(now.saturating_sub(since));
             }
         }
         let now = now_ms();
-        if is_held {
-            self.reclaim_at = None;
-        } else if was_held || self.reclaim_at.is_none() {
-            self.reclaim_at = Some(moment(reclaim_time(now)));
+        if !is_held && self.since_or_reclaim.is_none() {
+            self.since_or_reclaim = Some(moment(reclaim_time(now)));
         }
         self.follow_delay(now);
         floor::raise(self.lock.fence, now);
@@ -337,9 +370,63 @@ pub fn in_key(key: &RedisKey) -> Result<Option<&Stored>, LockError> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::lock::core::Holder;
+
     /// The allocator serves 96 bytes exactly, the next size is 128: every lock pays the step.
     #[test]
     fn a_lock_value_fits_a_96_byte_allocation() {
-        assert!(std::mem::size_of::<super::Stored>() <= 96);
+        assert!(std::mem::size_of::<Stored>() <= 96);
+    }
+
+    fn held_until(deadline: u64) -> Lock {
+        Lock {
+            fence: 1,
+            holder: Some(Holder {
+                token: (*b"t").into(),
+                deadline,
+                holds: 1,
+                session: false,
+                delay: 0,
+            }),
+            ..Lock::default()
+        }
+    }
+
+    fn set_deadline(lock: &mut Lock, deadline: u64) {
+        if let Some(holder) = lock.holder.as_mut() {
+            holder.deadline = deadline;
+        }
+    }
+
+    #[test]
+    fn the_lease_index_entry_moves_to_earlier_times_only() {
+        let deadline = now_ms() + 3_600_000;
+        let mut stored = Stored::new(held_until(deadline));
+        assert_eq!(stored.indexed(), None);
+        assert_eq!(stored.index_move(), Some((None, deadline)));
+        assert_eq!(stored.index_move(), None);
+        // A renewal: the entry comes due early and is looked at then.
+        stored.update(|lock| set_deadline(lock, deadline + 60_000));
+        assert_eq!(stored.index_move(), None);
+        assert_eq!(stored.indexed(), Some(deadline));
+        // A shorter lease moves it.
+        stored.update(|lock| set_deadline(lock, deadline - 60_000));
+        assert_eq!(
+            stored.index_move(),
+            Some((Some(deadline), deadline - 60_000))
+        );
+        // A release: due at the reclaim time, before the deadline.
+        stored.update(|lock| lock.holder = None);
+        let reclaim = stored.due().expect("a free lock is due for reclaim");
+        assert!(reclaim < deadline - 60_000);
+        assert_eq!(
+            stored.index_move(),
+            Some((Some(deadline - 60_000), reclaim))
+        );
+        // Its entry came due: the next one is made afresh.
+        stored.unindexed();
+        assert_eq!(stored.index_move(), Some((None, reclaim)));
+        assert_eq!(stored.indexed(), Some(reclaim));
     }
 }
