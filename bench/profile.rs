@@ -13,13 +13,16 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Conn, Server};
 use crate::util::{
-    self, flushall, load_script, lua, preload, progress, redis_benchmark, LoadRun, Pinning,
-    Settings, TOKEN,
+    self, flushall, load_script, lua, preload, progress, redis_benchmark_db, select, LoadRun,
+    Pinning, Settings, TOKEN,
 };
 
 const CLIENTS: usize = 50;
 const PIPELINE: usize = 16;
 const FRESH_RANGE: usize = 1_000_000_000;
+/// Keys per database for the rows on existing keys: below 2^19, so no database is still
+/// rehashing into a larger table when the runs start (see the warm-up in `run`).
+const HELD: usize = 500_000;
 
 /// Where a sample landed.
 const GROUPS: [&str; 8] = [
@@ -167,7 +170,7 @@ fn profiled(
     dir: &Path,
     label: &'static str,
     requests: usize,
-    range: usize,
+    (db, range): (usize, usize),
     command: &[&str],
 ) -> Profile {
     let data = dir.join(format!(
@@ -177,7 +180,7 @@ fn profiled(
     let perf = record(server.pid(), &data);
     // perf attaches within milliseconds; the run lasts seconds.
     std::thread::sleep(Duration::from_millis(300));
-    let run = redis_benchmark(server, CLIENTS, requests, PIPELINE, range, command);
+    let run = redis_benchmark_db(server, db, CLIENTS, requests, PIPELINE, range, command);
     if let Some(perf) = perf {
         stop(perf);
     }
@@ -214,32 +217,62 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     let locks_sha = load_script(&mut conn, lua::PRELOAD_LOCKS);
     let strings_sha = load_script(&mut conn, lua::PRELOAD_STRINGS);
     let n = settings.requests_p16 * 4;
-    let held = 2 * n;
     progress(
         started,
-        &format!("profile: preloading {held} locks and strings"),
+        &format!("profile: preloading {HELD} locks and twice as many strings"),
     );
     flushall(&mut conn);
-    preload(&mut conn, &locks_sha, "l:", held, 50_000, || {
+    // Each family in its own database: locks in 0, strings for the scripts in 1 and for DEL in
+    // 2; the fresh keys of ACQUIRE and SET in 3 and 4.
+    select(&mut conn, 0);
+    preload(&mut conn, &locks_sha, "l:", HELD, 50_000, || {
         vec![TOKEN.into(), "3600000".into()]
     });
-    preload(&mut conn, &strings_sha, "s:", held, 50_000, || {
-        vec![TOKEN.into(), "3600000".into()]
-    });
+    for db in [1, 2] {
+        select(&mut conn, db);
+        preload(&mut conn, &strings_sha, "s:", HELD, 50_000, || {
+            vec![TOKEN.into(), "3600000".into()]
+        });
+    }
+    select(&mut conn, 0);
+    // A table that grew during the preload is still being rehashed, a step per command: a few
+    // lookups each finish that before anything is measured.
+    for db in 0..3 {
+        redis_benchmark_db(
+            &server,
+            db,
+            CLIENTS,
+            100_000,
+            PIPELINE,
+            HELD,
+            &["EXISTS", "x"],
+        );
+    }
     let mut profiles = Vec::new();
-    let mut go = |label, range, command: &[&str]| {
+    let mut go = |label, place, command: &[&str]| {
         progress(started, &format!("profile: {label}"));
-        profiles.push(profiled(&server, &dir, label, n, range, command));
+        profiles.push(profiled(&server, &dir, label, n, place, command));
     };
-    // RENEW first: it leaves the locks held for RELEASE.
+    // ACQUIRE first, before the released locks' reclaim times come up; then RENEW, which leaves
+    // the locks held for RELEASE.
+    go(
+        "LOCK.ACQUIRE (fresh keys)",
+        (3, FRESH_RANGE),
+        &["LOCK.ACQUIRE", "a:__rand_int__", TOKEN, "60000"],
+    );
+    go(
+        "SET key token NX PX ttl",
+        (4, FRESH_RANGE),
+        &["SET", "b:__rand_int__", TOKEN, "NX", "PX", "60000"],
+    );
     go(
         "LOCK.RENEW",
-        held,
+        (0, HELD),
         &["LOCK.RENEW", "l:__rand_int__", TOKEN, "3600000"],
     );
     go(
         "EVALSHA compare-and-PEXPIRE",
-        held,
+        (1, HELD),
         &[
             "EVALSHA",
             &renew_sha,
@@ -251,40 +284,35 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     );
     go(
         "LOCK.RELEASE",
-        held,
+        (0, HELD),
         &["LOCK.RELEASE", "l:__rand_int__", TOKEN],
     );
     go(
         "EVALSHA compare-and-delete",
-        held,
+        (1, HELD),
         &["EVALSHA", &release_sha, "1", "s:__rand_int__", TOKEN],
     );
-    go(
-        "LOCK.ACQUIRE (fresh keys)",
-        FRESH_RANGE,
-        &["LOCK.ACQUIRE", "a:__rand_int__", TOKEN, "60000"],
-    );
-    go(
-        "SET key token NX PX ttl",
-        FRESH_RANGE,
-        &["SET", "b:__rand_int__", TOKEN, "NX", "PX", "60000"],
-    );
+    // What a release cannot beat: deleting the key, without looking at it.
+    go("DEL", (2, HELD), &["DEL", "s:__rand_int__"]);
     flushall(&mut conn);
     Outcome {
-        table: table(&profiles, n, held),
+        table: table(&profiles, n),
         goals: Vec::new(),
     }
 }
 
-fn table(profiles: &[Profile], requests: usize, held: usize) -> String {
+fn table(profiles: &[Profile], requests: usize) -> String {
     let mut out = String::from("### Profile: where the server's time goes\n\n");
     let _ = writeln!(
         out,
-        "`perf record` (2999 Hz) on the pinned redis-server while redis-benchmark sends one command, \
-         {CLIENTS} clients, pipeline {PIPELINE}, {requests} requests, on {held} held locks and as \
-         many PX strings (RENEW first, then RELEASE; ACQUIRE and SET on fresh keys). A group's \
-         µs per request = its share of the samples x the run's server CPU per request \
-         (schedstat), so each command reads against its baseline in the next column.\n"
+        "`perf record` (2999 Hz) on the pinned redis-server while redis-benchmark sends one \
+         command, {CLIENTS} clients, pipeline {PIPELINE}, {requests} requests, on {HELD} held \
+         locks and as many PX strings, each family in a database of its own. ACQUIRE and SET run \
+         first, on fresh keys; RENEW runs before RELEASE and leaves the locks held for it; DEL \
+         runs on strings of its own, as the floor of any release. One run each, so single figures are noisy; \
+         the shares are what to read. A group's µs per request = its share of the samples x the \
+         run's server CPU per request (schedstat), so each command reads against its baseline in \
+         the next column.\n"
     );
     out.push_str("| where |");
     for p in profiles {

@@ -265,6 +265,8 @@ struct Expiry {
     /// PING round trips in the idle 1.2 s before that.
     idle: Probes,
     preload_left: Duration,
+    /// The server main thread's CPU time from the deadline until all were freed (schedstat).
+    busy_cpu: Option<Duration>,
     expired_counter: u64,
     latency_events: Vec<String>,
 }
@@ -380,10 +382,15 @@ fn expire_together(n: usize, locks: bool, pinning: &Pinning, started: Instant) -
     let mut rtts: Vec<(Instant, Duration)> = Vec::new();
     let mut freed_at = None;
     let mut last_check = Instant::now();
+    let pid = server.pid();
+    let (mut cpu_at_deadline, mut cpu_at_freed) = (None, None);
     loop {
         let now = Instant::now();
         assert_eq!(conn.call(&["PING"]), Reply::status("PONG"));
         rtts.push((now, now.elapsed()));
+        if now > deadline && cpu_at_deadline.is_none() {
+            cpu_at_deadline = util::cpu_ns(pid);
+        }
         if now > deadline && freed_at.is_none() && last_check.elapsed() >= Duration::from_millis(5)
         {
             last_check = Instant::now();
@@ -394,6 +401,7 @@ fn expire_together(n: usize, locks: bool, pinning: &Pinning, started: Instant) -
             };
             if left == 0 {
                 freed_at = Some(Instant::now());
+                cpu_at_freed = util::cpu_ns(pid);
             }
         }
         let announced = count.load(Ordering::SeqCst) >= n as u64;
@@ -447,6 +455,9 @@ fn expire_together(n: usize, locks: bool, pinning: &Pinning, started: Instant) -
         busy: window(busy_start, Instant::now()),
         idle: window(probe_start, idle_end),
         preload_left,
+        busy_cpu: cpu_at_deadline
+            .zip(cpu_at_freed)
+            .map(|(from, to)| Duration::from_nanos(to.saturating_sub(from))),
         expired_counter,
         latency_events,
     }
@@ -514,6 +525,23 @@ fn mass_expiry(
         fmt(locks.announced),
         fmt(strings.announced),
         verdict(in_time(locks.announced))
+    );
+    // How much of the time until all were freed the server spent working: the rest it waited
+    // (for its next timer, or Redis' next expire cycle).
+    let busy = |e: &Expiry| match (e.busy_cpu, e.freed) {
+        (Some(cpu), Some(wall)) if !wall.is_zero() => format!(
+            "{:.0} ms, {:.0}% of the time, {:.2} µs per lease",
+            cpu.as_secs_f64() * 1e3,
+            100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
+            cpu.as_secs_f64() * 1e6 / n as f64
+        ),
+        _ => "-".to_string(),
+    };
+    let _ = writeln!(
+        table,
+        "| server main thread CPU until all freed | {} | {} | - |",
+        busy(&locks),
+        busy(&strings)
     );
     let _ = writeln!(
         table,

@@ -259,7 +259,7 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
             "LOCK.RELEASE",
             "EVALSHA compare-and-delete",
             pipeline,
-            Some(1.5),
+            Some(2.0),
         ));
         rows.push(Row::new(
             "LOCK.RENEW",
