@@ -201,6 +201,34 @@ fn cycles_with_a_tombstone_ttl_leave_used_memory_flat_once_it_passes() {
     );
 }
 
+/// A replica applies the primary's releases and reclaims, and expires nothing itself: what it
+/// keeps to find due locks goes with the locks.
+#[test]
+fn a_replica_applying_cycles_and_reclaims_keeps_used_memory_flat() {
+    let primary = server_with_tombstone_ttl("200");
+    let replica = server_with_tombstone_ttl("200");
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    cycle_distinct_keys(&mut p, "warmup", 20_000);
+    wait_for("warm-up locks to be reclaimed on the replica", || {
+        (replica.info_int("lock_keys") == 0).then_some(())
+    });
+    wait_replica_caught_up(&primary, &replica);
+    let before = used_memory(&replica);
+    cycle_distinct_keys(&mut p, "order", 100_000);
+    wait_for("every free lock to be reclaimed on the replica", || {
+        (primary.info_int("lock_keys") == 0 && replica.info_int("lock_keys") == 0).then_some(())
+    });
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(replica.info_int("lock_reclaimed"), 120_000);
+    let after = used_memory(&replica);
+    eprintln!("100k cycles, tombstone-ttl 200, replica: used_memory {before} -> {after}");
+    assert!(
+        after - before < 1 << 20,
+        "the replica's used_memory grew from {before} to {after}"
+    );
+}
+
 /// A lock deleted while clients wait for it: a fresh lock is created for them, and that
 /// creation reaches replicas and the AOF like every other change, before the grant.
 #[test]

@@ -7,10 +7,15 @@
 //! entry, and a lock id's low bits may repeat after 2^32 values; whoever pops an entry checks the
 //! key's value before acting on it.
 //!
+//! Beside the B-tree, a queue of reclaim times: a release makes a lock due for reclaim
+//! `lock.tombstone-ttl` after it, a time no earlier than any queued before while that config
+//! stays, so it is appended at the back (no search), and the timer takes from whichever of the
+//! two comes due first.
+//!
 //! Databases are named through handles so that SWAPDB is O(1): it swaps which database two
 //! handles stand for, and every entry follows its data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 const ID_BITS: u32 = 32;
 const ID_MASK: u64 = (1 << ID_BITS) - 1;
@@ -27,11 +32,15 @@ pub struct Due {
     /// The lock's short id ([`short_id`]).
     pub id: u64,
     pub key: Box<[u8]>,
+    /// From the reclaim queue, not the B-tree.
+    pub queued: bool,
 }
 
 #[derive(Default)]
 pub struct LeaseIndex {
     entries: BTreeMap<(u64, u64), Box<[u8]>>,
+    /// (at, slot, key), `at` never decreasing from front to back.
+    queue: VecDeque<(u64, u64, Box<[u8]>)>,
     /// Handle -> database number.
     dbs: Vec<i32>,
     /// Database number -> handle (`u32::MAX`: none yet).
@@ -42,6 +51,7 @@ impl LeaseIndex {
     pub const fn new() -> Self {
         LeaseIndex {
             entries: BTreeMap::new(),
+            queue: VecDeque::new(),
             dbs: Vec::new(),
             handles: Vec::new(),
         }
@@ -88,21 +98,57 @@ impl LeaseIndex {
         }
     }
 
+    /// Queues a reclaim of lock `id` under `key` in `db` at `at`, when no queued one is later;
+    /// false (and nothing queued) otherwise.
+    pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8]) -> bool {
+        if self.queue.back().is_some_and(|(last, _, _)| *last > at) {
+            return false;
+        }
+        let slot = self.slot(db, id);
+        self.queue.push_back((at, slot, key.into()));
+        true
+    }
+
     /// The earliest time anything is due.
     pub fn first_due(&self) -> Option<u64> {
-        self.entries.first_key_value().map(|((at, _), _)| *at)
+        let tree = self.entries.first_key_value().map(|((at, _), _)| *at);
+        let queue = self.queue.front().map(|(at, _, _)| *at);
+        match (tree, queue) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Takes the earliest entry if it is due at `now`.
     pub fn pop_due(&mut self, now: u64) -> Option<Due> {
-        if self.first_due()? > now {
+        let tree = self.entries.first_key_value().map(|((at, _), _)| *at);
+        let queue = self.queue.front().map(|(at, _, _)| *at);
+        let (at, queued) = match (tree, queue) {
+            (Some(a), Some(b)) if b < a => (b, true),
+            (Some(a), _) => (a, false),
+            (None, Some(b)) => (b, true),
+            (None, None) => return None,
+        };
+        if at > now {
             return None;
         }
-        let ((_, slot), key) = self.entries.pop_first()?;
+        let (slot, key) = if queued {
+            let popped = self.queue.pop_front();
+            // A drained burst of releases gives its memory back.
+            if self.queue.capacity() > 64 && self.queue.len() < self.queue.capacity() / 4 {
+                self.queue.shrink_to(self.queue.len() * 2);
+            }
+            popped.map(|(_, slot, key)| (slot, key))?
+        } else {
+            self.entries
+                .pop_first()
+                .map(|((_, slot), key)| (slot, key))?
+        };
         Some(Due {
             db: self.db_of(slot),
             id: slot & ID_MASK,
             key,
+            queued,
         })
     }
 
@@ -113,8 +159,12 @@ impl LeaseIndex {
                 let handle = u64::from(self.handle(db));
                 self.entries
                     .retain(|(_, slot), _| slot >> ID_BITS != handle);
+                self.queue.retain(|(_, slot, _)| slot >> ID_BITS != handle);
             }
-            None => self.entries.clear(),
+            None => {
+                self.entries.clear();
+                self.queue.clear();
+            }
         }
     }
 
@@ -130,6 +180,7 @@ impl LeaseIndex {
     /// Replaces every entry (after loading): `(at, db, id, key)` for each lock with a deadline.
     pub fn replace(&mut self, found: impl IntoIterator<Item = (u64, i32, u64, Box<[u8]>)>) {
         self.entries.clear();
+        self.queue.clear();
         for (at, db, id, key) in found {
             let slot = self.slot(db, id);
             self.entries.insert((at, slot), key);
@@ -137,11 +188,11 @@ impl LeaseIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.queue.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.queue.is_empty()
     }
 }
 
@@ -154,7 +205,50 @@ mod tests {
             db,
             id,
             key: key.as_bytes().into(),
+            queued: false,
         }
+    }
+
+    fn queued(db: i32, id: u64, key: &str) -> Due {
+        Due {
+            queued: true,
+            ..due(db, id, key)
+        }
+    }
+
+    #[test]
+    fn queued_reclaims_and_tree_entries_come_due_in_one_order() {
+        let mut index = LeaseIndex::new();
+        index.insert(20, 0, 1, b"held");
+        assert!(index.queue(10, 0, 2, b"early"));
+        assert!(index.queue(30, 0, 3, b"late"));
+        // Earlier than the back: refused, left to the tree.
+        assert!(!index.queue(25, 0, 4, b"refused"));
+        assert_eq!(index.len(), 3);
+        assert_eq!(index.first_due(), Some(10));
+        assert_eq!(index.pop_due(5), None);
+        assert_eq!(index.pop_due(40), Some(queued(0, 2, "early")));
+        assert_eq!(index.pop_due(40), Some(due(0, 1, "held")));
+        assert_eq!(index.first_due(), Some(30));
+        assert_eq!(index.pop_due(29), None);
+        assert_eq!(index.pop_due(30), Some(queued(0, 3, "late")));
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn flushes_and_swaps_reach_the_queue() {
+        let mut index = LeaseIndex::new();
+        assert!(index.queue(1, 0, 1, b"zero"));
+        assert!(index.queue(2, 5, 2, b"five"));
+        assert!(index.queue(3, 7, 3, b"seven"));
+        index.swap_dbs(0, 7);
+        index.forget_db(Some(5));
+        assert_eq!(index.pop_due(10), Some(queued(7, 1, "zero")));
+        assert_eq!(index.pop_due(10), Some(queued(0, 3, "seven")));
+        assert!(index.queue(4, 0, 4, b"k"));
+        index.forget_db(None);
+        assert!(index.is_empty());
+        assert!(index.queue(1, 0, 5, b"after a flush, any time"));
     }
 
     #[test]

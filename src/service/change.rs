@@ -149,12 +149,13 @@ pub fn reclaim_if_due(
 /// The lease index's entry for the lock under `key` (in the selected db) came due: expires it if
 /// its lease has run out, reclaims it if it is free and its tombstone time is up. Only while it
 /// is still the value with (short) id `id`: another lock under this name has an entry of its own.
-pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, now: u64) {
+/// `queued`: the entry was its queued reclaim.
+pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, now: u64) {
     let key = ctx.open_key_writable(key_name);
     match in_key_mut(&key) {
         Ok(Some(stored)) if short_id(stored.id()) == id => {
             // Its entry is gone; whatever is due later gets a new one.
-            stored.unindexed();
+            stored.entry_came_due(queued);
             expire_overdue(ctx, key_name, stored, now);
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.

@@ -85,7 +85,7 @@ pub fn on_due(ctx: &Context) {
             // Still the source node's lock: look again later.
             leases::insert(ctx, now + IDLE_RECHECK_MS, due.db, due.id, &due.key);
         } else if select_db(ctx, due.db) {
-            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, now);
+            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, due.queued, now);
         }
         if started.elapsed() >= SLICE {
             more_due = true;
@@ -110,7 +110,8 @@ pub fn rebuild(ctx: &Context) {
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
             stored.unindexed();
-            if let Some((_, due)) = stored.index_move() {
+            if let Some(due) = stored.due().map(|due| due.max(1)) {
+                stored.indexed_at(due);
                 found.push((due, db, stored.id(), key.into()));
             }
         });

@@ -8,11 +8,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use redis_module::Context;
 
-use crate::host::server::{now_ms, selected_db};
+use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::host::timer::{self, TimerId};
 use crate::lock::lease_index::{Due, LeaseIndex};
 use crate::lock::locked;
-use crate::service::value::Stored;
+use crate::service::value::{IndexPlan, Stored};
 
 struct Leases {
     index: LeaseIndex,
@@ -63,16 +63,33 @@ fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: O
     }
 }
 
-/// Keeps the entry of the lock `stored` under `key` (in the selected db) no later than the time
-/// it is due (see `Stored::index_move`): a later due time leaves it where it is.
+/// Makes sure the lock `stored` under `key` (in the selected db) comes due no later than it is
+/// due (see `Stored::index_plan`): a later due time leaves its entry where it is, a reclaim is
+/// queued, an earlier time moves its B-tree entry.
 pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
-    if let Some((old, new)) = stored.index_move() {
-        reindex(ctx, stored.id(), selected_db(ctx), key, old, Some(new));
-    }
+    let (at, old) = match stored.index_plan() {
+        IndexPlan::Keep => return,
+        // Only a primary takes entries (a replica's would pile up): a replica's reclaims
+        // arrive from its primary, and then its B-tree entry goes.
+        IndexPlan::Queue(at) if is_primary(ctx) => {
+            let mut leases = leases();
+            if leases.index.queue(at, selected_db(ctx), stored.id(), key) {
+                stored.reclaim_queued();
+                arm(ctx, &mut leases, at);
+                return;
+            }
+            // Before the last queued one (the tombstone time was shortened): in the B-tree.
+            (at, stored.indexed())
+        }
+        IndexPlan::Queue(at) => (at, stored.indexed()),
+        IndexPlan::Move { old, new } => (new, old),
+    };
+    reindex(ctx, stored.id(), selected_db(ctx), key, old, Some(at));
+    stored.indexed_at(at);
 }
 
-/// The lock `id` under `key` (in the selected db), whose entry came due at `indexed` (see
-/// `Stored::indexed`), was deleted: its entry goes too.
+/// The lock `id` under `key` (in the selected db), with its B-tree entry at `indexed` (see
+/// `Stored::indexed`), was deleted: that entry goes too (a queued reclaim finds no lock).
 pub fn forget(ctx: &Context, id: u64, key: &[u8], indexed: Option<u64>) {
     if indexed.is_some() {
         reindex(ctx, id, selected_db(ctx), key, indexed, None);

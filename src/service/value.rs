@@ -44,11 +44,52 @@ pub struct Stored {
     /// For a free lock in a lock-delay: when the delay ends and its waiters are to be served
     /// (ms since the epoch; in memory only, derived from the lock).
     wake_at: Option<Moment>,
-    /// When this lock's entry in the lease index comes due, no later than [`Stored::due`]; `None`
-    /// without an entry. An entry that comes due early costs one look at the lock, so a renewal
-    /// (a later deadline) leaves the entry where it is, and only a change to an earlier time
-    /// moves it (see `leases::follow`). A `Cell`: the index is kept from shared borrows too.
-    indexed: Cell<Option<Moment>>,
+    /// Where this lock is in the lease index (see [`Stored::index_plan`]). A `Cell`: the index
+    /// is kept from shared borrows too.
+    index_mark: Cell<IndexMark>,
+}
+
+/// A lock's entries in the lease index: the time of its entry in the B-tree (0: none), and in
+/// the top bit whether a reclaim of it is queued. Entries may come due early (a look at the
+/// lock, which then gets a new one), never late.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct IndexMark(u64);
+
+impl IndexMark {
+    const QUEUED: u64 = 1 << 63;
+
+    fn at(self) -> Option<u64> {
+        Some(self.0 & !Self::QUEUED).filter(|at| *at != 0)
+    }
+
+    fn queued(self) -> bool {
+        self.0 & Self::QUEUED != 0
+    }
+
+    fn with_at(self, at: Option<u64>) -> Self {
+        let at = at.map_or(0, |at| at.clamp(1, !Self::QUEUED));
+        IndexMark((self.0 & Self::QUEUED) | at)
+    }
+
+    fn with_queued(self, queued: bool) -> Self {
+        IndexMark(if queued {
+            self.0 | Self::QUEUED
+        } else {
+            self.0 & !Self::QUEUED
+        })
+    }
+}
+
+/// What the lease index must do so that a lock comes due in time (see [`Stored::index_plan`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum IndexPlan {
+    /// An entry already comes due no later than the lock.
+    Keep,
+    /// Queue a reclaim at this time (then [`Stored::reclaim_queued`]), or if the queue refuses
+    /// it, move the B-tree entry there.
+    Queue(u64),
+    /// Move the B-tree entry from `old` (none: add one) to `new` (then [`Stored::indexed_at`]).
+    Move { old: Option<u64>, new: u64 },
 }
 
 /// A point in time (ms since the epoch, or monotonic µs), never 0: an `Option` of it takes 8
@@ -80,7 +121,7 @@ impl Stored {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             since_or_reclaim: reclaim_at,
             wake_at: None,
-            indexed: Cell::new(None),
+            index_mark: Cell::new(IndexMark::default()),
         };
         stored.follow_delay(now);
         stored
@@ -126,28 +167,64 @@ impl Stored {
         self.since_or_reclaim.filter(|_| !self.lock.has_holders())
     }
 
-    /// Where the lease index must put this lock's entry so that it comes due no later than
-    /// [`Stored::due`]: `Some((old, new))` to move it from `old` (when it has one) to `new`, and
-    /// the value now says it is at `new`; `None` when the entry already comes due in time (or
-    /// nothing is due).
-    pub fn index_move(&self) -> Option<(Option<u64>, u64)> {
-        let due = moment(self.due()?);
-        let old = self.indexed.get();
-        if old.is_some_and(|at| at <= due) {
-            return None;
+    /// What the lease index must do so that this lock comes due no later than [`Stored::due`].
+    /// A later due time (a renewal, a grant of a free lock) needs nothing: the entry comes due
+    /// early and the lock gets a new one then. A free lock due only for reclaim, and not yet
+    /// queued for it, is queued (a release: no search in the B-tree). Anything else earlier moves
+    /// the B-tree entry.
+    pub fn index_plan(&self) -> IndexPlan {
+        let Some(due) = self.due() else {
+            return IndexPlan::Keep;
+        };
+        let due = due.max(1);
+        let mark = self.index_mark.get();
+        if mark.at().is_some_and(|at| at <= due) {
+            return IndexPlan::Keep;
         }
-        self.indexed.set(Some(due));
-        Some((old.map(NonZeroU64::get), due.get()))
+        // Due for reclaim only: its reclaim time never goes back while it stays free, so a
+        // queued reclaim is still in time.
+        if !self.lock.has_holders() && self.wake_at.is_none() {
+            if mark.queued() {
+                return IndexPlan::Keep;
+            }
+            return IndexPlan::Queue(due);
+        }
+        IndexPlan::Move {
+            old: mark.at(),
+            new: due,
+        }
     }
 
-    /// The time of this lock's entry in the lease index, if it has one.
+    /// The lease index now has this lock's B-tree entry at `at`.
+    pub fn indexed_at(&self, at: u64) {
+        self.index_mark.set(self.index_mark.get().with_at(Some(at)));
+    }
+
+    /// The lease index has queued a reclaim of this lock.
+    pub fn reclaim_queued(&self) {
+        self.index_mark.set(self.index_mark.get().with_queued(true));
+    }
+
+    /// The time of this lock's entry in the lease index's B-tree, if it has one.
     pub fn indexed(&self) -> Option<u64> {
-        self.indexed.get().map(NonZeroU64::get)
+        self.index_mark.get().at()
     }
 
-    /// The lease index gave up this lock's entry (it came due): it has none now.
+    /// One of this lock's entries came due (`queued`: its queued reclaim): the lock no longer
+    /// counts on it. A B-tree entry that came due is the one the mark names, or one the timer
+    /// put off (a slot being imported), so both marks go and the lock is indexed afresh.
+    pub fn entry_came_due(&self, queued: bool) {
+        let mark = self.index_mark.get();
+        self.index_mark.set(if queued {
+            mark.with_queued(false)
+        } else {
+            IndexMark::default()
+        });
+    }
+
+    /// Forgets every entry (the lock arrived under another name, or the index was rebuilt).
     pub fn unindexed(&self) {
-        self.indexed.set(None);
+        self.index_mark.set(IndexMark::default());
     }
 
     pub fn lock(&self) -> &Lock {
@@ -400,33 +477,77 @@ mod tests {
     }
 
     #[test]
-    fn the_lease_index_entry_moves_to_earlier_times_only() {
+    fn the_lease_index_moves_to_earlier_times_only_and_queues_reclaims() {
         let deadline = now_ms() + 3_600_000;
         let mut stored = Stored::new(held_until(deadline));
         assert_eq!(stored.indexed(), None);
-        assert_eq!(stored.index_move(), Some((None, deadline)));
-        assert_eq!(stored.index_move(), None);
+        let plan = stored.index_plan();
+        assert_eq!(
+            plan,
+            IndexPlan::Move {
+                old: None,
+                new: deadline
+            }
+        );
+        stored.indexed_at(deadline);
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
         // A renewal: the entry comes due early and is looked at then.
         stored.update(|lock| set_deadline(lock, deadline + 60_000));
-        assert_eq!(stored.index_move(), None);
-        assert_eq!(stored.indexed(), Some(deadline));
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
         // A shorter lease moves it.
         stored.update(|lock| set_deadline(lock, deadline - 60_000));
         assert_eq!(
-            stored.index_move(),
-            Some((Some(deadline), deadline - 60_000))
+            stored.index_plan(),
+            IndexPlan::Move {
+                old: Some(deadline),
+                new: deadline - 60_000
+            }
         );
-        // A release: due at the reclaim time, before the deadline.
+        stored.indexed_at(deadline - 60_000);
+        // A release: due for reclaim only, before the deadline: queued.
         stored.update(|lock| lock.holder = None);
         let reclaim = stored.due().expect("a free lock is due for reclaim");
         assert!(reclaim < deadline - 60_000);
+        assert_eq!(stored.index_plan(), IndexPlan::Queue(reclaim));
+        stored.reclaim_queued();
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.indexed(), Some(deadline - 60_000));
+        // Taken again, for longer than the B-tree entry: nothing to do either.
+        stored.update(|lock| *lock = held_until(deadline));
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        // The queued reclaim came due while held: the B-tree entry still counts.
+        stored.entry_came_due(true);
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        // The B-tree entry came due: indexed afresh.
+        stored.entry_came_due(false);
+        assert_eq!(stored.indexed(), None);
         assert_eq!(
-            stored.index_move(),
-            Some((Some(deadline - 60_000), reclaim))
+            stored.index_plan(),
+            IndexPlan::Move {
+                old: None,
+                new: deadline
+            }
         );
-        // Its entry came due: the next one is made afresh.
-        stored.unindexed();
-        assert_eq!(stored.index_move(), Some((None, reclaim)));
-        assert_eq!(stored.indexed(), Some(reclaim));
+    }
+
+    #[test]
+    fn a_free_lock_in_a_lock_delay_is_not_left_to_its_queued_reclaim() {
+        let now = now_ms();
+        let mut stored = Stored::new(held_until(now + 3_600_000));
+        stored.indexed_at(now + 3_600_000);
+        stored.reclaim_queued();
+        // Its lease ran out with a lock-delay: the end of the delay is due first.
+        stored.update(|lock| {
+            lock.holder = None;
+            lock.delayed_until = now + 500;
+        });
+        assert_eq!(stored.due(), Some(now + 500));
+        assert_eq!(
+            stored.index_plan(),
+            IndexPlan::Move {
+                old: Some(now + 3_600_000),
+                new: now + 500
+            }
+        );
     }
 }
