@@ -36,11 +36,88 @@ pub struct Due {
     pub queued: bool,
 }
 
+/// A queued reclaim: (at, slot, key).
+type Reclaim = (u64, u64, Box<[u8]>);
+
+/// Entries per chunk of the reclaim queue (32 KiB).
+const CHUNK: usize = 1024;
+
+/// A first-in first-out queue in chunks of fixed capacity: it never moves its entries to grow
+/// (one large copy would stall the event loop in the middle of a mass expiry), and a chunk is
+/// freed as soon as it is drained.
+#[derive(Default)]
+struct ReclaimQueue {
+    chunks: VecDeque<VecDeque<Reclaim>>,
+    len: usize,
+}
+
+impl ReclaimQueue {
+    const fn new() -> Self {
+        ReclaimQueue {
+            chunks: VecDeque::new(),
+            len: 0,
+        }
+    }
+
+    fn front(&self) -> Option<&Reclaim> {
+        self.chunks.front()?.front()
+    }
+
+    fn back(&self) -> Option<&Reclaim> {
+        self.chunks.back()?.back()
+    }
+
+    fn push_back(&mut self, entry: Reclaim) {
+        match self.chunks.back_mut() {
+            Some(chunk) if chunk.len() < CHUNK => chunk.push_back(entry),
+            _ => {
+                let mut chunk = VecDeque::with_capacity(CHUNK);
+                chunk.push_back(entry);
+                self.chunks.push_back(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn pop_front(&mut self) -> Option<Reclaim> {
+        let chunk = self.chunks.front_mut()?;
+        let entry = chunk.pop_front();
+        if chunk.is_empty() {
+            self.chunks.pop_front();
+        }
+        if entry.is_some() {
+            self.len -= 1;
+        }
+        entry
+    }
+
+    fn retain(&mut self, keep: impl Fn(&Reclaim) -> bool) {
+        for chunk in &mut self.chunks {
+            chunk.retain(&keep);
+        }
+        self.chunks.retain(|chunk| !chunk.is_empty());
+        self.len = self.chunks.iter().map(VecDeque::len).sum();
+    }
+
+    fn clear(&mut self) {
+        self.chunks.clear();
+        self.len = 0;
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[derive(Default)]
 pub struct LeaseIndex {
     entries: BTreeMap<(u64, u64), Box<[u8]>>,
-    /// (at, slot, key), `at` never decreasing from front to back.
-    queue: VecDeque<(u64, u64, Box<[u8]>)>,
+    /// `at` never decreases from front to back.
+    queue: ReclaimQueue,
     /// Handle -> database number.
     dbs: Vec<i32>,
     /// Database number -> handle (`u32::MAX`: none yet).
@@ -51,7 +128,7 @@ impl LeaseIndex {
     pub const fn new() -> Self {
         LeaseIndex {
             entries: BTreeMap::new(),
-            queue: VecDeque::new(),
+            queue: ReclaimQueue::new(),
             dbs: Vec::new(),
             handles: Vec::new(),
         }
@@ -133,12 +210,7 @@ impl LeaseIndex {
             return None;
         }
         let (slot, key) = if queued {
-            let popped = self.queue.pop_front();
-            // A drained burst of releases gives its memory back.
-            if self.queue.capacity() > 64 && self.queue.len() < self.queue.capacity() / 4 {
-                self.queue.shrink_to(self.queue.len() * 2);
-            }
-            popped.map(|(_, slot, key)| (slot, key))?
+            self.queue.pop_front().map(|(_, slot, key)| (slot, key))?
         } else {
             self.entries
                 .pop_first()
@@ -233,6 +305,28 @@ mod tests {
         assert_eq!(index.pop_due(29), None);
         assert_eq!(index.pop_due(30), Some(queued(0, 3, "late")));
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn the_queue_keeps_its_order_across_chunks_and_frees_drained_ones() {
+        let mut index = LeaseIndex::new();
+        let n = 3 * CHUNK as u64 + 7;
+        for i in 0..n {
+            assert!(index.queue(i, 0, i, b"k"));
+        }
+        assert_eq!(index.queue.chunks.len(), 4);
+        index.forget_db(Some(1));
+        assert_eq!(index.len(), n as usize);
+        for i in 0..CHUNK as u64 + 1 {
+            assert_eq!(index.pop_due(n).map(|d| d.id), Some(i));
+        }
+        assert_eq!(index.queue.chunks.len(), 3);
+        assert_eq!(index.len(), (n - CHUNK as u64 - 1) as usize);
+        for i in CHUNK as u64 + 1..n {
+            assert_eq!(index.pop_due(n).map(|d| d.id), Some(i));
+        }
+        assert!(index.is_empty());
+        assert!(index.queue.chunks.is_empty());
     }
 
     #[test]
