@@ -583,7 +583,7 @@ fn table(settings: &Settings, measured: &Measured) -> Outcome {
     );
     let _ = writeln!(
         table,
-        "| command | baseline | pipeline | module rps | baseline rps | ratio | goal | server CPU µs/req module / baseline | CPU ratio |"
+        "| command | baseline | pipeline | module rps | baseline rps | ratio | goal | server CPU µs/req module / baseline | CPU ratio (goal at pipeline 16: >= 1.00x) |"
     );
     let _ = writeln!(table, "|---|---|---|---|---|---|---|---|---|");
     for row in rows {
@@ -602,9 +602,28 @@ fn table(settings: &Settings, measured: &Measured) -> Outcome {
             }
             None => "-".to_string(),
         };
+        // Each command's server CPU per request against its baseline's, where the socket work
+        // of one request per round trip does not hide it.
+        let cpu_ratio = row.cpu_ratio();
+        let cpu = if row.pipeline == 16
+            && row.clients == CLIENTS
+            && ![DELIFEQ, SET_IFEQ].contains(&row.baseline)
+        {
+            let met = cpu_ratio >= 1.0;
+            goals.push((
+                format!(
+                    "{} server CPU per request <= {}'s (pipeline 16)",
+                    row.name, row.baseline
+                ),
+                met,
+            ));
+            format!("{cpu_ratio:.2}x: {}", verdict(met))
+        } else {
+            format!("{cpu_ratio:.2}x")
+        };
         let _ = writeln!(
             table,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.2} / {:.2} | {:.2}x |",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {} | {:.2} / {:.2} | {} |",
             row.name,
             row.baseline,
             row.pipeline,
@@ -614,7 +633,7 @@ fn table(settings: &Settings, measured: &Measured) -> Outcome {
             goal,
             median(&row.module_cpu),
             median(&row.base_cpu),
-            row.cpu_ratio()
+            cpu
         );
     }
     let _ = writeln!(

@@ -614,23 +614,36 @@ fn cluster_ports() -> Vec<u16> {
 /// serving every slot; `make cluster-stop`'s stops every one of them.
 #[test]
 fn the_make_cluster_script_starts_and_stops_a_working_cluster() {
-    let data = tempfile::tempdir().expect("temp dir");
-    let ports = cluster_ports();
-    let cluster = ScriptCluster {
-        ports: ports
-            .iter()
-            .map(u16::to_string)
-            .collect::<Vec<_>>()
-            .join(" "),
-        data: data.path().to_path_buf(),
+    // The ports are free when picked, but any outgoing connection of the machine may take one
+    // before the script binds it: a start that fails is stopped and tried again on new ports.
+    let mut attempts = 0;
+    let (data, ports, cluster) = loop {
+        attempts += 1;
+        let data = tempfile::tempdir().expect("temp dir");
+        let ports = cluster_ports();
+        let cluster = ScriptCluster {
+            ports: ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(" "),
+            data: data.path().to_path_buf(),
+        };
+        let started = cluster.run(&["start", module_path().to_str().expect("path")]);
+        if started.status.success() {
+            break (data, ports, cluster);
+        }
+        assert!(
+            attempts < 3,
+            "{}{}",
+            String::from_utf8_lossy(&started.stdout),
+            String::from_utf8_lossy(&started.stderr)
+        );
+        eprintln!(
+            "cluster script: start failed, trying new ports: {}",
+            String::from_utf8_lossy(&started.stdout)
+        );
     };
-    let started = cluster.run(&["start", module_path().to_str().expect("path")]);
-    assert!(
-        started.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&started.stdout),
-        String::from_utf8_lossy(&started.stderr)
-    );
     let mut c = Conn::connect(ports[0], PATIENCE).expect("connect");
     let info = c.call(&["CLUSTER", "INFO"]).text();
     assert!(info.contains("cluster_state:ok"), "{info}");
