@@ -3,7 +3,7 @@
 
 use crate::common::cluster::key_slot;
 use crate::common::*;
-use crate::history::{Grant, History, Mode};
+use crate::history::{Grant, History, Mode, Stamp};
 use crate::oracle::Oracle;
 use crate::{params, Rng, StopOnDrop, CLIENT_READ, SLACK};
 
@@ -242,7 +242,7 @@ fn client_loop(id: usize, sh: &Shared) {
         if let Some(ms) = &sync_s {
             args.extend(["SYNC", "1", ms]);
         }
-        let start = Instant::now();
+        let start = Stamp::now();
         let reply = match call(c, &args) {
             Ok(reply) => reply,
             Err(_) => {
@@ -250,7 +250,7 @@ fn client_loop(id: usize, sh: &Shared) {
                 continue;
             }
         };
-        let end = Instant::now();
+        let end = Stamp::now();
         let fence = match reply {
             Reply::Int(f) => f as u64,
             Reply::Nil => {
@@ -337,7 +337,7 @@ fn client_loop(id: usize, sh: &Shared) {
             // Stalls (GC, swap, a paused VM) past its lease, then writes as if it still held.
             sleep(Duration::from_millis(ttl + rng.range(20, 80)));
             write(&key, fence);
-            if Instant::now() > end + Duration::from_millis(ttl) + SLACK {
+            if Instant::now() > end.at + Duration::from_millis(ttl) + SLACK {
                 // The lease is certainly over: its token is stale, and so is its fence.
                 let mut broken = false;
                 match guarded_write(c, sh, &key, fence) {
@@ -368,7 +368,7 @@ fn client_loop(id: usize, sh: &Shared) {
             }
             if rng.chance(20) {
                 let ttl2 = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
-                let sent = Instant::now();
+                let sent = Stamp::now();
                 let ttl2_s = ttl2.to_string();
                 let mut renew = vec!["LOCK.RENEW", &key, &token, &ttl2_s];
                 if let Some(ms) = &sync_s {
@@ -411,7 +411,7 @@ fn client_loop(id: usize, sh: &Shared) {
             let Some(c) = conn.as_mut() else {
                 continue;
             };
-            let sent = Instant::now();
+            let sent = Stamp::now();
             sh.history
                 .update(idx, |g| g.live_until = g.live_until.min(sent));
             if release(c).is_err() {
@@ -448,7 +448,7 @@ fn multi_lock_round(
         return Ok(());
     };
     let ttl = rng.range(sh.load.ttl_ms.0, sh.load.ttl_ms.1);
-    let start = Instant::now();
+    let start = Stamp::now();
     let ttl_s = ttl.to_string();
     let wait_s = rng.range(20, 400).to_string();
     let mut args = vec!["LOCK.MACQUIRE", "2", key, other, token, &ttl_s];
@@ -457,7 +457,7 @@ fn multi_lock_round(
         args.extend(["WAIT", &wait_s]);
     }
     let reply = call(c, &args)?;
-    let end = Instant::now();
+    let end = Stamp::now();
     let fences: Vec<u64> = match &reply {
         Reply::Array(items) => items.iter().map(|f| f.int() as u64).collect(),
         Reply::Nil => {
@@ -498,7 +498,7 @@ fn multi_lock_round(
     for (k, fence) in [key, other.as_str()].iter().zip(&fences) {
         sh.oracle.write(k, *fence);
     }
-    let sent = Instant::now();
+    let sent = Stamp::now();
     for idx in grants {
         sh.history
             .update(idx, |g| g.live_until = g.live_until.min(sent));

@@ -4,9 +4,41 @@ use crate::oracle::WriteRecord;
 use crate::SLACK;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Add;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A moment as the client's monotonic clock and as the wall clock read it. Order and real-time
+/// order go by the monotonic clock; leases go by the wall clock, as the server times them (a
+/// deadline is wall-clock ms), so a machine whose wall clock runs at another rate than its
+/// monotonic one (a VM whose clock is stepped to the host's) does not read as early expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp {
+    pub at: Instant,
+    pub wall: Duration,
+}
+
+impl Stamp {
+    pub fn now() -> Stamp {
+        Stamp {
+            at: Instant::now(),
+            wall: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock after 1970"),
+        }
+    }
+}
+
+impl Add<Duration> for Stamp {
+    type Output = Stamp;
+    fn add(self, d: Duration) -> Stamp {
+        Stamp {
+            at: self.at + d,
+            wall: self.wall + d,
+        }
+    }
+}
 
 /// The kind of hold a grant was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,11 +55,11 @@ pub struct Grant {
     pub fence: u64,
     pub mode: Mode,
     /// When the ACQUIRE was sent and when its reply arrived.
-    pub start: Instant,
-    pub end: Instant,
+    pub start: Stamp,
+    pub end: Stamp,
     /// Until when the lease was certainly running on the server: request time + ttl, moved by
     /// successful renewals, cut to the moment a release was sent.
-    pub live_until: Instant,
+    pub live_until: Stamp,
 }
 
 #[derive(Default)]
@@ -178,10 +210,11 @@ pub fn check_i3(grants: &[Grant]) -> (u64, Vec<String>) {
                 i += 1;
             }
             // A lease over by the time b was asked is over for every later grant too.
-            earlier.retain(|a| a.live_until > b.start + SLACK);
+            // Leases on the server's clock (see `Stamp`).
+            earlier.retain(|a| a.live_until.wall > b.start.wall + SLACK);
             let running: Vec<&Grant> = earlier
                 .iter()
-                .filter(|a| a.live_until > b.end + SLACK)
+                .filter(|a| a.live_until.wall > b.end.wall + SLACK)
                 .collect();
             let conflict = match b.mode {
                 Mode::Exclusive => running.first().copied(),
@@ -203,7 +236,7 @@ pub fn check_i3(grants: &[Grant]) -> (u64, Vec<String>) {
                         a.fence,
                         a.mode,
                         running.len(),
-                        (a.live_until - b.end).as_millis()
+                        (a.live_until.wall - b.end.wall).as_millis()
                     ));
                 }
             }

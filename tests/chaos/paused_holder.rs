@@ -2,7 +2,7 @@
 
 use crate::clients::{run_load, standard_load, Shared};
 use crate::common::*;
-use crate::history::{Grant, Mode};
+use crate::history::{Grant, Mode, Stamp};
 use crate::oracle::{oracle_write_tcp, OracleServer};
 use crate::report::report;
 use crate::{params, StopOnDrop};
@@ -84,7 +84,7 @@ fn paused_holder_round(
 ) -> std::io::Result<()> {
     let ttl = 150u64;
     let token = format!("paused-{key}-{round}");
-    let start = Instant::now();
+    let start = Stamp::now();
     let mut child = Command::new(std::env::current_exe()?)
         .args([
             &child_test_name(),
@@ -111,7 +111,7 @@ fn paused_holder_round(
     let first = next("fence");
     if let Some(fence) = first.strip_prefix("FENCE ") {
         let mut stopped = Stopped::stop(child.id());
-        let end = Instant::now();
+        let end = Stamp::now();
         let fence: u64 = fence.parse().expect("fence");
         sh.history.add_grant(Grant {
             key: key.to_string(),
