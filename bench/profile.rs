@@ -20,6 +20,7 @@ use crate::util::{
 const CLIENTS: usize = 50;
 const PIPELINE: usize = 16;
 const FRESH_RANGE: usize = 1_000_000_000;
+const HEADING: &str = "### Profile: where the server's time goes\n\n";
 /// Keys per database for the rows on existing keys: below 2^19, so no database is still
 /// rehashing into a larger table when the runs start (see the warm-up in `run`).
 const HELD: usize = 500_000;
@@ -200,11 +201,10 @@ fn profiled(
 }
 
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
-    let heading = "### Profile: where the server's time goes\n\n";
     if let Err(why) = perf_works() {
         eprintln!("bench: profile left out: {why}");
         return Outcome {
-            table: format!("{heading}Left out: {why}.\n"),
+            table: format!("{HEADING}Left out: {why}.\n"),
             goals: Vec::new(),
         };
     }
@@ -302,7 +302,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
 }
 
 fn table(profiles: &[Profile], requests: usize) -> String {
-    let mut out = String::from("### Profile: where the server's time goes\n\n");
+    let mut out = String::from(HEADING);
     let _ = writeln!(
         out,
         "`perf record` (2999 Hz) on the pinned redis-server while redis-benchmark sends one \

@@ -186,26 +186,26 @@ impl LeaseIndex {
         true
     }
 
-    /// The earliest time anything is due.
-    pub fn first_due(&self) -> Option<u64> {
+    /// The earliest entry's time, and whether it is in the queue (not the B-tree).
+    fn earliest(&self) -> Option<(u64, bool)> {
         let tree = self.entries.first_key_value().map(|((at, _), _)| *at);
         let queue = self.queue.front().map(|(at, _, _)| *at);
         match (tree, queue) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+            (Some(a), Some(b)) if b < a => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
         }
+    }
+
+    /// The earliest time anything is due.
+    pub fn first_due(&self) -> Option<u64> {
+        self.earliest().map(|(at, _)| at)
     }
 
     /// Takes the earliest entry if it is due at `now`.
     pub fn pop_due(&mut self, now: u64) -> Option<Due> {
-        let tree = self.entries.first_key_value().map(|((at, _), _)| *at);
-        let queue = self.queue.front().map(|(at, _, _)| *at);
-        let (at, queued) = match (tree, queue) {
-            (Some(a), Some(b)) if b < a => (b, true),
-            (Some(a), _) => (a, false),
-            (None, Some(b)) => (b, true),
-            (None, None) => return None,
-        };
+        let (at, queued) = self.earliest()?;
         if at > now {
             return None;
         }

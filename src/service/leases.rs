@@ -69,19 +69,21 @@ fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: O
 pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
     let (at, old) = match stored.index_plan() {
         IndexPlan::Keep => return,
-        // Only a primary takes entries (a replica's would pile up): a replica's reclaims
-        // arrive from its primary, and then its B-tree entry goes.
-        IndexPlan::Queue(at) if is_primary(ctx) => {
-            let mut leases = leases();
-            if leases.index.queue(at, selected_db(ctx), stored.id(), key) {
-                stored.reclaim_queued();
-                arm(ctx, &mut leases, at);
-                return;
+        IndexPlan::Queue(at) => {
+            // Only a primary queues (a replica's queue would pile up: its reclaims arrive from
+            // its primary, and then its B-tree entry goes).
+            if is_primary(ctx) {
+                let mut leases = leases();
+                if leases.index.queue(at, selected_db(ctx), stored.id(), key) {
+                    stored.reclaim_queued();
+                    arm(ctx, &mut leases, at);
+                    return;
+                }
             }
-            // Before the last queued one (the tombstone time was shortened): in the B-tree.
+            // A replica, or a time before the last queued one (the tombstone time was
+            // shortened): in the B-tree.
             (at, stored.indexed())
         }
-        IndexPlan::Queue(at) => (at, stored.indexed()),
         IndexPlan::Move { old, new } => (new, old),
     };
     reindex(ctx, stored.id(), selected_db(ctx), key, old, Some(at));
