@@ -595,3 +595,80 @@ fn an_acquire_right_after_del_does_not_overtake_the_queue() {
     assert_eq!(fence_of(&mut c, "k"), fence);
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "waiter"]), Reply::Int(1));
 }
+
+/// The head waiter is granted right after the command that freed the lock; keys whose braces
+/// leave the module no other name in their hash slot to block waiters on are served all the
+/// same (their waiters block on the key itself).
+#[test]
+fn waiters_are_served_in_order_whatever_braces_their_key_has() {
+    let server = Server::start();
+    let mut c = server.conn();
+    for key in ["plain", "{tag}.lock", "a}b", "a{}b", "no{close", "{"] {
+        let first = acquire(&mut c, key, "holder", 60_000);
+        let mut b = queue_waiter(&server, key, "b", 60_000, 0);
+        let mut d = queue_waiter(&server, key, "d", 60_000, 0);
+        assert_eq!(c.call(&["LOCK.RELEASE", key, "holder"]), Reply::Int(1));
+        let fence_b = granted(&mut b);
+        assert!(fence_b > first, "{key}");
+        assert_eq!(lock_field(&mut c, key, "waiters"), Reply::Int(1), "{key}");
+        // A newcomer does not overtake the waiter still queued.
+        assert_eq!(
+            c.call(&["LOCK.ACQUIRE", key, "newcomer", "60000"]),
+            Reply::Nil,
+            "{key}"
+        );
+        assert_eq!(b.call(&["LOCK.RELEASE", key, "b"]), Reply::Int(1));
+        assert!(granted(&mut d) > fence_b, "{key}");
+        assert_eq!(d.call(&["LOCK.RELEASE", key, "d"]), Reply::Int(1));
+        assert_eq!(blocked(&server), 0, "{key}");
+    }
+}
+
+/// As Redis serves blocked clients only after a whole transaction or script, a lock freed inside
+/// one goes to its head waiter after it: the transaction still sees the waiter queued.
+#[test]
+fn a_lock_freed_in_a_transaction_or_script_is_handed_over_after_it() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "k", "holder", 60_000);
+    let mut w = queue_waiter(&server, "k", "w", 60_000, 0);
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["LOCK.RELEASE", "k", "holder"]),
+        Reply::status("QUEUED")
+    );
+    assert_eq!(c.call(&["LOCK.INFO", "k"]), Reply::status("QUEUED"));
+    let Reply::Array(replies) = c.call(&["EXEC"]) else {
+        panic!("EXEC");
+    };
+    assert_eq!(replies[0], Reply::Int(1));
+    assert_eq!(info_field(&replies[1], "waiters"), Reply::Int(1));
+    assert_eq!(info_field(&replies[1], "state").text(), "free");
+    let fence = granted(&mut w);
+    assert_eq!(fence_of(&mut c, "k"), fence);
+
+    let mut x = queue_waiter(&server, "k", "x", 60_000, 0);
+    let script = "redis.call('LOCK.RELEASE', KEYS[1], ARGV[1]) \
+                  return redis.call('LOCK.INFO', KEYS[1])";
+    let info = c.call(&["EVAL", script, "1", "k", "w"]);
+    assert_eq!(info_field(&info, "waiters"), Reply::Int(1));
+    assert!(granted(&mut x) > fence);
+    assert_eq!(blocked(&server), 0);
+}
+
+/// One field of a LOCK.INFO reply already read.
+fn info_field(info: &Reply, field: &str) -> Reply {
+    let pairs: Vec<(Reply, Reply)> = match info {
+        Reply::Array(items) => items
+            .chunks(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect(),
+        Reply::Map(pairs) => pairs.clone(),
+        other => panic!("not a LOCK.INFO reply: {other:?}"),
+    };
+    pairs
+        .into_iter()
+        .find(|(name, _)| name.text() == field)
+        .map(|(_, value)| value)
+        .unwrap_or_else(|| panic!("LOCK.INFO has no field {field}"))
+}

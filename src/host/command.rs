@@ -9,7 +9,7 @@ use redis_module::{raw, Context, RedisString, RedisValue};
 
 use crate::error::LockError;
 use crate::host::call;
-use crate::host::{guarded, log_warning, ERR, OK};
+use crate::host::{as_call, guarded, log_warning, ERR, OK};
 
 /// What a command handler answers: a reply, or an error whose text the client sees.
 pub type CommandResult = Result<RedisValue, LockError>;
@@ -33,11 +33,13 @@ pub extern "C" fn entry<C: Command>(
     argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
-    let outcome = guarded(Err(LockError::internal("a command panicked")), || {
-        let args = borrowed_args(ctx, argv, argc);
-        C::run(&context, as_strings(&args))
+    as_call(&context, || {
+        let outcome = guarded(Err(LockError::internal("a command panicked")), || {
+            let args = borrowed_args(ctx, argv, argc);
+            C::run(&context, as_strings(&args))
+        });
+        reply(&context, outcome);
     });
-    reply(&context, outcome);
     OK
 }
 

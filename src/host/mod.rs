@@ -29,7 +29,7 @@ pub mod value;
 use std::cell::Cell;
 use std::ffi::{c_int, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use redis_module::raw;
 
@@ -40,6 +40,41 @@ thread_local! {
     /// How many guarded calls of this module are running on this thread: the panic hook handles
     /// panics inside them and leaves every other panic to the hook that was there before.
     static GUARDED: Cell<u32> = const { Cell::new(0) };
+}
+
+thread_local! {
+    /// How many commands and timer callbacks of this module are running on this thread (a
+    /// command may run another through RM_Call or a script).
+    static CALLS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// What runs at the end of the outermost command or timer callback (see [`in_call`]).
+static AFTER_CALL: OnceLock<fn(&redis_module::Context)> = OnceLock::new();
+
+/// Installs what runs at the end of every outermost command and timer callback, while its
+/// context can still write and replicate (once, at load).
+pub fn set_after_call(handler: fn(&redis_module::Context)) {
+    let _ = AFTER_CALL.set(handler);
+}
+
+/// True inside a command or timer callback of this module: the handler of [`set_after_call`]
+/// runs before Redis gets control back.
+pub fn in_call() -> bool {
+    CALLS.with(Cell::get) > 0
+}
+
+/// Runs `f` as a command or timer callback: when it is the outermost one, the after-call
+/// handler runs next, still counted as inside the call.
+fn as_call<R>(ctx: &redis_module::Context, f: impl FnOnce() -> R) -> R {
+    CALLS.with(|depth| depth.set(depth.get() + 1));
+    let outcome = f();
+    if CALLS.with(Cell::get) == 1 {
+        if let Some(handler) = AFTER_CALL.get() {
+            guarded((), || handler(ctx));
+        }
+    }
+    CALLS.with(|depth| depth.set(depth.get().saturating_sub(1)));
+    outcome
 }
 
 /// Runs `f`, turning a panic into `fallback` (the panic hook has logged it).

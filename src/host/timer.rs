@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context};
 
-use crate::host::guarded;
+use crate::host::{as_call, guarded};
 
 pub type TimerId = raw::RedisModuleTimerID;
 
@@ -68,5 +68,6 @@ extern "C" fn fire(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
     }
     // SAFETY: `data` is the `Callback` that `create` stored, converted back to its own type.
     let callback = unsafe { std::mem::transmute::<*mut c_void, Callback>(data) };
-    guarded((), || callback(&Context::new(ctx)));
+    let context = Context::new(ctx);
+    as_call(&context, || guarded((), || callback(&context)));
 }

@@ -272,6 +272,22 @@ impl<H> Queues<H> {
             .is_some_and(|(head, _)| *head == id)
     }
 
+    /// The first acquirer queued on `key`, when it is a single-key acquirer (`LOCK.ACQUIRE ...
+    /// WAIT`): its id and handle.
+    pub fn single_head(&self, db: i32, key: &[u8]) -> Option<(u64, &H)> {
+        match self.queue(db, key)?.acquirers.first_key_value()? {
+            (
+                id,
+                Slot::Waiter(Waiter {
+                    handle,
+                    kind: Kind::Acquire(_),
+                    ..
+                }),
+            ) => Some((*id, handle)),
+            _ => None,
+        }
+    }
+
     /// True when `tag` is a multi-lock waiter (`LOCK.MACQUIRE ... WAIT`), even of one key.
     pub fn is_multi(&self, tag: &Tag) -> bool {
         let (db, key) = &tag.key;

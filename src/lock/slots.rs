@@ -24,21 +24,32 @@ fn crc16(bytes: &[u8]) -> u16 {
     crc
 }
 
-/// The hash slot of `key`: of its hash tag (the part between the first `{` and the next `}`)
-/// when that is not empty, else of the whole key.
+/// The hash tag of `key`: the part between the first `{` and the next `}`, when that is not
+/// empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    rest.iter()
+        .position(|&b| b == b'}')
+        .filter(|&close| close > 0)
+        .map(|close| &rest[..close])
+}
+
+/// The hash slot of `key`: of its hash tag when it has one, else of the whole key.
 pub fn key_slot(key: &[u8]) -> u16 {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16(hashed) % SLOTS
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// Another name in the hash slot of `key`: `key`'s hash tag (or `key` itself as one) in braces,
+/// then `suffix`. `None` for the keys whose braces make that another slot (a `}` without a tag).
+pub fn name_in_slot_of(key: &[u8], suffix: &[u8]) -> Option<Vec<u8>> {
+    let tag = hash_tag(key).unwrap_or(key);
+    let mut name = Vec::with_capacity(tag.len() + suffix.len() + 2);
+    name.push(b'{');
+    name.extend_from_slice(tag);
+    name.push(b'}');
+    name.extend_from_slice(suffix);
+    (key_slot(&name) == key_slot(key)).then_some(name)
 }
 
 /// The slot ranges of the imports in progress, by job name.

@@ -26,6 +26,35 @@ fn a_hash_tag_decides_the_slot_unless_it_is_empty() {
 }
 
 #[test]
+fn a_name_in_the_slot_of_a_key_is_in_that_slot_or_there_is_none() {
+    let suffix = b"\0waiting";
+    assert_eq!(
+        name_in_slot_of(b"orders", suffix).as_deref(),
+        Some(b"{orders}\0waiting".as_slice())
+    );
+    assert_eq!(
+        name_in_slot_of(b"{user1}.lock", suffix).as_deref(),
+        Some(b"{user1}\0waiting".as_slice())
+    );
+    // A `}` without a tag before it would make the braces another tag.
+    assert_eq!(name_in_slot_of(b"a}b", suffix), None);
+    assert_eq!(name_in_slot_of(b"a{}b", suffix), None);
+    let pieces: [&[u8]; 6] = [b"{", b"}", b"a", b"bc", b"{x}", b""];
+    for a in pieces {
+        for b in pieces {
+            for c in pieces {
+                let key = [a, b, c].concat();
+                if let Some(name) = name_in_slot_of(&key, suffix) {
+                    assert_eq!(key_slot(&name), key_slot(&key), "{key:?}");
+                    assert_ne!(name, key);
+                }
+            }
+        }
+    }
+    assert!(name_in_slot_of(b"no{close", suffix).is_some());
+}
+
+#[test]
 fn imports_cover_their_ranges_until_they_end() {
     let mut imports = Imports::new();
     assert!(imports.is_empty() && !imports.contains(0));

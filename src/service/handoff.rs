@@ -1,7 +1,8 @@
 //! Server-side waiting: blocking `LOCK.ACQUIRE ... WAIT`, `LOCK.MACQUIRE ... WAIT` and
-//! `LOCK.WAIT`, granting the lock (or every lock of a multi-lock waiter at the head of all its
-//! queues) from the reply callback Redis runs right after a release, and answering waits that
-//! time out or end.
+//! `LOCK.WAIT`, granting the lock to the head of its queue right after the command or timer
+//! callback that freed it (`serve_ready`), granting every lock of a multi-lock waiter at the head
+//! of all its queues from the reply callback Redis runs right after a release, and answering
+//! waits that time out or end.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -12,12 +13,15 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
-use crate::host::server::{avoid_replica_traffic, key_string, now_ms, select_db, selected_db};
+use crate::host::server::{
+    avoid_replica_traffic, in_multi_or_script, key_string, now_ms, select_db, selected_db,
+};
 use crate::host::timer;
 use crate::lock::core::{self, Acquire, Admit, Mode};
 use crate::lock::locked;
 use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
 use crate::lock::sessions;
+use crate::lock::slots;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
 use crate::service::change::{expire_overdue, grant_key, grant_stored};
@@ -48,9 +52,17 @@ fn block_queued(
     kind: Kind,
 ) -> CommandResult {
     let queued = tag.clone();
-    let handle = blocking::block_on_keys::<Handoff>(ctx, keys, timeout, tag).ok_or(
-        LockError::internal("the server refused to block the client"),
-    )?;
+    let parked = match (&kind, keys) {
+        (Kind::Acquire(_), [key]) => parking_name(ctx, key),
+        _ => None,
+    };
+    let blocked = match &parked {
+        Some(name) => blocking::block_on_key::<Handoff>(ctx, name, timeout, tag),
+        None => blocking::block_on_keys::<Handoff>(ctx, keys, timeout, tag),
+    };
+    let handle = blocked.ok_or(LockError::internal(
+        "the server refused to block the client",
+    ))?;
     let waiter = Waiter {
         id: queued.id,
         handle,
@@ -60,6 +72,19 @@ fn block_queued(
     waiters::queues().enqueue(&queued, waiter);
     Ok(RedisValue::NoReply)
 }
+
+/// Where a single-key acquirer of `key` is blocked: a name in the same hash slot (so Redis
+/// Cluster treats the client as it would one blocked on `key`) that nothing signals. Redis offers
+/// a signalled key to every client blocked on it, which made each handoff cost O(waiters); the
+/// module serves these acquirers itself instead (see `serve_ready`), in O(log waiters). `None`
+/// for the rare keys whose braces allow no such name: their acquirers block on the key itself
+/// and are served by either path.
+fn parking_name(ctx: &Context, key: &RedisString) -> Option<RedisString> {
+    slots::name_in_slot_of(key.as_slice(), PARKING_SUFFIX).map(|name| key_string(ctx, &name))
+}
+
+/// What follows the hash tag in a parking name (see `parking_name`).
+const PARKING_SUFFIX: &[u8] = b"\0lock:waiting";
 
 /// Blocks the calling client until the replicas acknowledged the change just made to `key`, then
 /// answers `reply` (see `acks`).
@@ -270,14 +295,63 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     Some(Ok(RedisValue::Array(fences)))
 }
 
+/// Serves the queues whose locks had room (see `waiters::signal_ready`): each single-key acquirer
+/// at the head of a queue that can be granted now is granted and unblocked with its fence, in
+/// queue order, until the head has to wait. Runs at the end of every command and timer callback
+/// (see `host::set_after_call`), where grants may be written and replicated.
+pub fn serve_ready(ctx: &Context) {
+    if !waiters::any_ready() {
+        return;
+    }
+    if in_multi_or_script(ctx) {
+        // Not in the middle of a transaction or script: on the next event-loop turn.
+        waiters::serve_later(ctx, 0);
+        return;
+    }
+    if avoid_replica_traffic() {
+        // Paused clients: no grant may be replicated now; try again shortly.
+        waiters::serve_later(ctx, 10);
+        return;
+    }
+    let original = selected_db(ctx);
+    while let Some((db, name)) = waiters::next_ready() {
+        if !select_db(ctx, db) {
+            continue;
+        }
+        loop {
+            let head = waiters::queues()
+                .single_head(db, &name)
+                .map(|(id, handle)| (id, *handle));
+            let Some((id, handle)) = head else {
+                break;
+            };
+            let tag = Tag {
+                id,
+                key: (db, name.clone()),
+                watch: None,
+                also: Vec::new(),
+            };
+            // `None`: the head waits on (the lock is busy, or its grant waits for a timer).
+            let Some(answer) = serve(ctx, &tag) else {
+                break;
+            };
+            let answer = answer.and_then(|reply| match reply {
+                RedisValue::Integer(fence) => Ok(fence),
+                _ => Err(LockError::internal("a grant without a fence")),
+            });
+            waiters::end_wait(id, handle, Ending::Answered(answer));
+        }
+    }
+    select_db(ctx, original);
+}
+
 fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     if !tag.also.is_empty() {
         return serve_all(ctx, tag);
     }
     let (db, name) = &tag.key;
-    // Redis offers a freed key to every client blocked on it, so with a crowd this runs once
-    // per waiter per release: an acquirer that is not the head of its queue is answered "not
-    // yet" before anything else (no key opened), which keeps a release O(1) in the crowd.
+    // An acquirer that is not the head of its queue waits on, before anything else (no key
+    // opened): Redis offers a signalled key to every multi-lock waiter blocked on it.
     if tag.watch.is_none() && !waiters::queues().is_head(*db, name, tag.id) {
         return None;
     }
@@ -483,8 +557,7 @@ fn grant_deferred(ctx: &Context) {
             }
             (outcome, _) => {
                 let answer = outcome.map(fence_reply);
-                waiters::queues().mark_woken(tag.id, Ending::Answered(answer));
-                blocking::unblock(granted.waiter.handle);
+                waiters::end_wait(tag.id, granted.waiter.handle, Ending::Answered(answer));
             }
         }
     }

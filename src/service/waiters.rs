@@ -1,22 +1,25 @@
 //! The process' queues of waiting clients (see `lock::queues`), and waking them.
 //!
-//! Waiting clients are blocked with `RedisModule_BlockClientOnKeys`, so Redis keeps them in the
-//! same arrival order as the queue. When a lock becomes free the module signals its key as ready;
-//! right after the command (or timer) that freed it, Redis calls the reply callback of the key's
-//! blocked clients in order, and the head of the queue is granted the lock and answered in that
-//! same call (see `handoff`). Watchers are unblocked with the outcome recorded here. A waiter
+//! A single-key acquirer (`LOCK.ACQUIRE ... WAIT`) is blocked on a name nothing signals, in its
+//! lock's hash slot (see `handoff::parking_name`): when its lock has room, the module serves the
+//! head of the queue itself at the end of the command or timer callback that made the room (see
+//! `handoff::serve_ready`) and unblocks it with its grant. Redis offers a signalled key to every
+//! client blocked on it, which made a handoff cost O(waiters); this way it costs O(log waiters).
+//! Multi-lock acquirers and `LOCK.WAIT` watchers are blocked on their keys: Redis runs their
+//! reply callbacks after the command that signalled a key, and they are served there in queue
+//! order. Watchers whose wait is over are unblocked with the outcome recorded here. A waiter
 //! that times out, disconnects or is unblocked by `CLIENT UNBLOCK` leaves its queue before
 //! anything else can happen to it.
 //!
-//! All of this runs on the main thread; the mutex only satisfies `static`.
+//! All of this runs on the main thread; the mutexes only satisfy `static`.
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{Context, RedisString};
 
 use crate::host::blocking::{self, BlockedClient};
-use crate::host::keys;
 use crate::host::server::selected_db;
+use crate::host::{in_call, keys, timer};
 use crate::lock::core::Lock;
 use crate::lock::locked;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
@@ -62,9 +65,48 @@ pub fn acquirers_by_mode(ctx: &Context, key: &RedisString) -> (usize, usize) {
     queues().acquirers_by_mode(selected_db(ctx), key.as_slice())
 }
 
-/// Lets Redis serve the acquirers of `key` (after the current command or callback).
+/// Keys whose queue heads may be served, in the order they had room.
+static READY: Mutex<Vec<KeyRef>> = Mutex::new(Vec::new());
+/// Serves `READY` when room was made outside a command or timer callback (see [`signal_ready`]).
+static READY_TIMER: timer::Single = timer::Single::new();
+
+/// `key`'s lock has room: its queue is served right after the current command or timer callback
+/// (the head acquirer is granted and answered, see `handoff::serve_ready`); Redis runs the reply
+/// callbacks of the multi-lock waiters and watchers blocked on it. From any other callback (a
+/// wait's end, a disconnection, a reply callback), which may not write, a 0 ms timer serves it.
 pub fn signal_ready(ctx: &Context, key: &RedisString) {
     keys::signal_ready(ctx, key);
+    let place = key_ref(ctx, key);
+    {
+        let mut ready = locked(&READY);
+        if !ready.contains(&place) {
+            ready.push(place);
+        }
+    }
+    if !in_call() {
+        // Its callback has nothing to do: the end of the timer callback serves `READY`.
+        READY_TIMER.arm(ctx, 0, ready_timer_fired);
+    }
+}
+
+/// The next key whose queue may be served.
+pub fn next_ready() -> Option<KeyRef> {
+    let mut ready = locked(&READY);
+    (!ready.is_empty()).then(|| ready.remove(0))
+}
+
+/// True when some queue waits to be served.
+pub fn any_ready() -> bool {
+    !locked(&READY).is_empty()
+}
+
+fn ready_timer_fired(_ctx: &Context) {
+    READY_TIMER.fired();
+}
+
+/// Serves the queues in `READY` later (clients are paused: no grant may be replicated now).
+pub fn serve_later(ctx: &Context, delay_ms: u64) {
+    READY_TIMER.arm(ctx, delay_ms, ready_timer_fired);
 }
 
 /// Wakes the `LOCK.WAIT` watchers of `key` whose wait is over, given its lock now.
@@ -75,7 +117,7 @@ pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
     let oldest = lock.live_holders(now).map(|(fence, _)| fence).min();
     let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), oldest);
     for watcher in woken {
-        end_wait(&watcher, Ending::Watched);
+        end_wait(watcher.id, watcher.handle, Ending::Watched);
     }
 }
 
@@ -87,14 +129,15 @@ pub fn displace_all(ctx: &Context, key: &RedisString) {
     }
     let all = queues().take_all(selected_db(ctx), key.as_slice());
     for waiter in all {
-        end_wait(&waiter, Ending::Displaced);
+        end_wait(waiter.id, waiter.handle, Ending::Displaced);
     }
 }
 
-/// Unblocks a waiter already taken off its queue; its timeout callback answers for `ending`.
-fn end_wait(waiter: &Waiter<BlockedClient>, ending: Ending) {
-    queues().mark_woken(waiter.id, ending);
-    blocking::unblock(waiter.handle);
+/// Unblocks waiter `id`, already taken off its queue: its timeout callback, which runs inside
+/// this call, answers for `ending`.
+pub fn end_wait(id: u64, handle: BlockedClient, ending: Ending) {
+    queues().mark_woken(id, ending);
+    blocking::unblock(handle);
 }
 
 /// Removes a waiter from its queue (timeout, disconnect, `CLIENT UNBLOCK`, freed).
