@@ -22,6 +22,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 mod contention;
+mod crowd;
 mod memory;
 mod profile;
 mod scale;
