@@ -13,6 +13,8 @@
 //!
 //! All of this runs on the main thread; the mutexes only satisfy `static`.
 
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{Context, RedisString};
@@ -65,8 +67,16 @@ pub fn acquirers_by_mode(ctx: &Context, key: &RedisString) -> (usize, usize) {
     queues().acquirers_by_mode(selected_db(ctx), key.as_slice())
 }
 
-/// Keys whose queue heads may be served, in the order they had room.
-static READY: Mutex<Vec<KeyRef>> = Mutex::new(Vec::new());
+/// Keys whose queue heads may be served, in the order they had room, each once.
+#[derive(Default)]
+struct Ready {
+    keys: VecDeque<KeyRef>,
+    queued: HashSet<KeyRef>,
+}
+
+static READY: LazyLock<Mutex<Ready>> = LazyLock::new(|| Mutex::new(Ready::default()));
+/// Whether `READY` has keys: the check at the end of every command takes no lock.
+static ANY_READY: AtomicBool = AtomicBool::new(false);
 /// Serves `READY` when room was made outside a command or timer callback (see [`signal_ready`]).
 static READY_TIMER: timer::Single = timer::Single::new();
 
@@ -79,9 +89,10 @@ pub fn signal_ready(ctx: &Context, key: &RedisString) {
     let place = key_ref(ctx, key);
     {
         let mut ready = locked(&READY);
-        if !ready.contains(&place) {
-            ready.push(place);
+        if ready.queued.insert(place.clone()) {
+            ready.keys.push_back(place);
         }
+        ANY_READY.store(true, Ordering::Relaxed);
     }
     if !in_call() {
         // Its callback has nothing to do: the end of the timer callback serves `READY`.
@@ -92,12 +103,17 @@ pub fn signal_ready(ctx: &Context, key: &RedisString) {
 /// The next key whose queue may be served.
 pub fn next_ready() -> Option<KeyRef> {
     let mut ready = locked(&READY);
-    (!ready.is_empty()).then(|| ready.remove(0))
+    let next = ready.keys.pop_front();
+    if let Some(key) = &next {
+        ready.queued.remove(key);
+    }
+    ANY_READY.store(!ready.keys.is_empty(), Ordering::Relaxed);
+    next
 }
 
 /// True when some queue waits to be served.
 pub fn any_ready() -> bool {
-    !locked(&READY).is_empty()
+    ANY_READY.load(Ordering::Relaxed)
 }
 
 fn ready_timer_fired(_ctx: &Context) {
