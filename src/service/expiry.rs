@@ -109,10 +109,8 @@ pub fn rebuild(ctx: &Context) {
     let mut db = 0;
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
-            stored.unindexed();
-            if let Some(due) = stored.due().map(|due| due.max(1)) {
-                stored.indexed_at(due);
-                found.push((due, db, stored.id(), key.into()));
+            if let Some(at) = stored.index_afresh() {
+                found.push((at, db, stored.id(), key.into()));
             }
         });
         db += 1;

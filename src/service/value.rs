@@ -173,10 +173,9 @@ impl Stored {
     /// queued for it, is queued (a release: no search in the B-tree). Anything else earlier moves
     /// the B-tree entry.
     pub fn index_plan(&self) -> IndexPlan {
-        let Some(due) = self.due() else {
+        let Some(due) = self.index_time() else {
             return IndexPlan::Keep;
         };
-        let due = due.max(1);
         let mark = self.index_mark.get();
         if mark.at().is_some_and(|at| at <= due) {
             return IndexPlan::Keep;
@@ -193,6 +192,20 @@ impl Stored {
             old: mark.at(),
             new: due,
         }
+    }
+
+    /// When the lease index must look at this lock next: its due time, at least 1 (0 marks no
+    /// entry).
+    fn index_time(&self) -> Option<u64> {
+        self.due().map(|due| due.max(1))
+    }
+
+    /// Forgets this lock's entries and marks a B-tree entry at its due time, which the caller
+    /// adds (rebuilding the index after loading); that time, or `None` when nothing is due.
+    pub fn index_afresh(&self) -> Option<u64> {
+        let at = self.index_time();
+        self.index_mark.set(IndexMark::default().with_at(at));
+        at
     }
 
     /// The lease index now has this lock's B-tree entry at `at`.
