@@ -466,3 +466,75 @@ fn inside_multi_wait_is_a_single_attempt_and_max_waiters_holds() {
     assert_eq!(waiters_on(&mut c, "a"), 1);
     assert_eq!(c.call(&["EXISTS", "b"]), Reply::Int(0));
 }
+
+/// A multi-lock waiter at the head of its queues that can never be granted (one of its keys
+/// became a semaphore meanwhile) gets its error, and the waiter queued behind it on that key is
+/// served at once, not at its timeout.
+#[test]
+fn a_refused_multi_lock_waiter_lets_the_queue_behind_it_move_on() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "{t}k2", "holder", 60_000);
+    let mut m = server.conn();
+    send_macquire(&mut m, &["{t}k2", "{t}k"], "m", "10000");
+    wait_blocked(&server, 1);
+    let mut s = server.conn();
+    // Its wait ends before the free semaphore would be reclaimed (which serves waiters too).
+    s.send(&[
+        "LOCK.ACQUIRE",
+        "{t}k",
+        "s",
+        "60000",
+        "LIMIT",
+        "3",
+        "WAIT",
+        "3000",
+    ]);
+    wait_blocked(&server, 2);
+    // A free semaphore of 3 permits takes the name {t}k.
+    assert!(
+        c.call(&["LOCK.ACQUIRE", "{t}sem", "x", "60000", "LIMIT", "3"])
+            .int()
+            > 0
+    );
+    assert_eq!(c.call(&["LOCK.RELEASE", "{t}sem", "x"]), Reply::Int(1));
+    assert_eq!(c.call(&["RENAME", "{t}sem", "{t}k"]), Reply::status("OK"));
+    assert_eq!(c.call(&["LOCK.RELEASE", "{t}k2", "holder"]), Reply::Int(1));
+    assert_eq!(
+        m.read(),
+        Reply::error("ERR the key is a semaphore of 3 permits: acquire it with LIMIT 3")
+    );
+    assert!(matches!(s.read(), Reply::Int(fence) if fence > 0));
+    assert_eq!(blocked(&server), 0);
+}
+
+/// While clients are paused nothing may be replicated: a multi-lock waiter whose turn comes then
+/// (the waiter ahead of it timed out) is granted once the pause is over, and the server keeps
+/// running.
+#[test]
+fn a_multi_lock_waiters_turn_during_a_client_pause_waits_for_its_end() {
+    let server = Server::start_with(Config::default().with("appendonly", "yes"));
+    let mut c = server.conn();
+    acquire(&mut c, "{t}k3", "holder", 60_000);
+    for key in ["{t}k", "{t}k2"] {
+        acquire(&mut c, key, "x", 60_000);
+        assert_eq!(c.call(&["LOCK.RELEASE", key, "x"]), Reply::Int(1));
+    }
+    let mut ahead = server.conn();
+    send_macquire(&mut ahead, &["{t}k2", "{t}k3"], "ahead", "1000");
+    wait_blocked(&server, 1);
+    let mut m = server.conn();
+    send_macquire(&mut m, &["{t}k", "{t}k2"], "m", "20000");
+    wait_blocked(&server, 2);
+    assert_eq!(
+        c.call(&["CLIENT", "PAUSE", "2500", "WRITE"]),
+        Reply::status("OK")
+    );
+    assert_eq!(ahead.read(), Reply::Nil);
+    // The pause still runs: m waits.
+    assert_eq!(waiters_on(&mut c, "{t}k"), 1);
+    let fences = fences(&m.read());
+    assert_eq!(fences.len(), 2);
+    assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
+    assert_eq!(mrelease(&mut c, &["{t}k", "{t}k2"], "m"), Reply::Int(2));
+}

@@ -14,9 +14,11 @@ use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{
-    avoid_replica_traffic, in_multi_or_script, key_string, now_ms, select_db, selected_db,
+    avoid_replica_traffic, in_multi_or_script, is_loading, is_primary, key_string, now_ms,
+    select_db, selected_db,
 };
 use crate::host::timer;
+use crate::host::{guarded, keys};
 use crate::lock::core::{self, Acquire, Admit, Mode};
 use crate::lock::locked;
 use crate::lock::queues::{Ending, Kind, Request, SyncRequest, Tag, Waiter};
@@ -125,6 +127,14 @@ impl OnKey for Handoff {
     /// The head acquirer of a free lock gets it (and its fence as reply); a watcher whose wait is
     /// over gets 1. `None` keeps the client waiting.
     fn ready(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
+        if avoid_replica_traffic() {
+            // Paused clients: no grant may be replicated now. Its keys are signalled again
+            // once the pause is over (see `serve_ready`).
+            for key in tag.keys() {
+                waiters::signal_later(ctx, (tag.key.0, key.into()));
+            }
+            return None;
+        }
         serve(ctx, tag)
     }
 
@@ -256,9 +266,13 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
                 if !own && !lock.is_available(now) {
                     return None;
                 }
-                // A key that became a semaphore meanwhile: the error is the answer.
+                // A key that became a semaphore meanwhile: the error is the answer, and the
+                // waiters behind it on every key get their turn.
                 if let Err(refused) = lock.admit(&exclusive(&token), now) {
                     waiters::remove(tag)?;
+                    for key in tag.keys() {
+                        waiters::signal_ready(ctx, &key_string(ctx, key));
+                    }
                     return Some(Err(refused.into()));
                 }
             }
@@ -308,41 +322,58 @@ pub fn serve_ready(ctx: &Context) {
         waiters::serve_later(ctx, 0);
         return;
     }
-    if avoid_replica_traffic() {
-        // Paused clients: no grant may be replicated now; try again shortly.
+    if avoid_replica_traffic() || is_loading(ctx) {
+        // Paused clients (no grant may be replicated now), or a load under way: shortly.
         waiters::serve_later(ctx, 10);
         return;
     }
-    let original = selected_db(ctx);
-    while let Some((db, name)) = waiters::next_ready() {
-        if !select_db(ctx, db) {
-            continue;
-        }
-        loop {
-            let head = waiters::queues()
-                .single_head(db, &name)
-                .map(|(id, handle)| (id, *handle));
-            let Some((id, handle)) = head else {
-                break;
-            };
-            let tag = Tag {
-                id,
-                key: (db, name.clone()),
-                watch: None,
-                also: Vec::new(),
-            };
-            // `None`: the head waits on (the lock is busy, or its grant waits for a timer).
-            let Some(answer) = serve(ctx, &tag) else {
-                break;
-            };
-            let answer = answer.and_then(|reply| match reply {
-                RedisValue::Integer(fence) => Ok(fence),
-                _ => Err(LockError::internal("a grant without a fence")),
-            });
-            waiters::end_wait(id, handle, Ending::Answered(answer));
-        }
+    if !is_primary(ctx) {
+        // A replica grants nothing (a demoted primary's waiters were answered already).
+        while waiters::next_ready().is_some() {}
+        return;
     }
+    let original = selected_db(ctx);
+    guarded((), || {
+        while let Some((db, name)) = waiters::next_ready() {
+            if select_db(ctx, db) {
+                serve_queue(ctx, db, &name);
+            }
+        }
+    });
     select_db(ctx, original);
+}
+
+/// Grants the head of `name`'s queue (in the selected database `db`) and those after it, while
+/// they are single-key acquirers the lock has room for.
+fn serve_queue(ctx: &Context, db: i32, name: &[u8]) {
+    loop {
+        let head = waiters::queues()
+            .single_head(db, name)
+            .map(|(id, handle)| (id, *handle));
+        let Some((id, handle)) = head else {
+            // A multi-lock waiter at the head (or nobody): Redis serves the clients blocked on
+            // the key, right after this command or timer callback.
+            if waiters::queues().acquirers_on(db, name) > 0 {
+                keys::signal_ready(ctx, &key_string(ctx, name));
+            }
+            return;
+        };
+        let tag = Tag {
+            id,
+            key: (db, name.into()),
+            watch: None,
+            also: Vec::new(),
+        };
+        // `None`: the head waits on (the lock is busy, or its grant waits for a timer).
+        let Some(answer) = serve(ctx, &tag) else {
+            return;
+        };
+        let answer = answer.and_then(|reply| match reply {
+            RedisValue::Integer(fence) => Ok(fence),
+            _ => Err(LockError::internal("a grant without a fence")),
+        });
+        waiters::end_wait(id, handle, Ending::Answered(answer));
+    }
 }
 
 fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {

@@ -86,18 +86,26 @@ static READY_TIMER: timer::Single = timer::Single::new();
 /// wait's end, a disconnection, a reply callback), which may not write, a 0 ms timer serves it.
 pub fn signal_ready(ctx: &Context, key: &RedisString) {
     keys::signal_ready(ctx, key);
-    let place = key_ref(ctx, key);
-    {
-        let mut ready = locked(&READY);
-        if ready.queued.insert(place.clone()) {
-            ready.keys.push_back(place);
-        }
-        ANY_READY.store(true, Ordering::Relaxed);
-    }
+    mark_ready(key_ref(ctx, key));
     if !in_call() {
         // Its callback has nothing to do: the end of the timer callback serves `READY`.
         READY_TIMER.arm(ctx, 0, ready_timer_fired);
     }
+}
+
+/// Signals `place` once clients are no longer paused (see `handoff::serve_ready`), not now:
+/// Redis would offer the key again in the same pass.
+pub fn signal_later(ctx: &Context, place: KeyRef) {
+    mark_ready(place);
+    READY_TIMER.arm(ctx, 10, ready_timer_fired);
+}
+
+fn mark_ready(place: KeyRef) {
+    let mut ready = locked(&READY);
+    if ready.queued.insert(place.clone()) {
+        ready.keys.push_back(place);
+    }
+    ANY_READY.store(true, Ordering::Relaxed);
 }
 
 /// The next key whose queue may be served.
