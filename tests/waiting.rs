@@ -658,17 +658,8 @@ fn a_lock_freed_in_a_transaction_or_script_is_handed_over_after_it() {
 
 /// One field of a LOCK.INFO reply already read.
 fn info_field(info: &Reply, field: &str) -> Reply {
-    let pairs: Vec<(Reply, Reply)> = match info {
-        Reply::Array(items) => items
-            .chunks(2)
-            .map(|pair| (pair[0].clone(), pair[1].clone()))
-            .collect(),
-        Reply::Map(pairs) => pairs.clone(),
-        other => panic!("not a LOCK.INFO reply: {other:?}"),
-    };
-    pairs
-        .into_iter()
-        .find(|(name, _)| name.text() == field)
+    lock_info_fields(info.clone())
+        .and_then(|fields| fields.into_iter().find(|(name, _)| name == field))
         .map(|(_, value)| value)
-        .unwrap_or_else(|| panic!("LOCK.INFO has no field {field}"))
+        .unwrap_or_else(|| panic!("LOCK.INFO has no field {field}: {info:?}"))
 }

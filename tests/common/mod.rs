@@ -380,7 +380,13 @@ impl Conn {
 
 /// `LOCK.INFO` as (field, value) pairs with integer values where the server sent integers.
 pub fn lock_info(conn: &mut Conn, key: &str) -> Option<Vec<(String, Reply)>> {
-    match conn.call(&["LOCK.INFO", key]) {
+    lock_info_fields(conn.call(&["LOCK.INFO", key]))
+}
+
+/// A `LOCK.INFO` reply already read (in a transaction's or script's replies) as (field, value)
+/// pairs; `None` for a missing key.
+pub fn lock_info_fields(reply: Reply) -> Option<Vec<(String, Reply)>> {
+    match reply {
         Reply::Nil => None,
         Reply::Array(items) => Some(
             items
