@@ -30,3 +30,64 @@ pub fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// A first-in first-out queue that holds each item at most once: a push of an item already
+/// queued keeps its place. Work lists that the same event may ask for repeatedly (keys to serve,
+/// deferred jobs) are kept in one.
+#[derive(Debug)]
+pub struct UniqueFifo<T> {
+    items: std::collections::VecDeque<T>,
+    /// The same items, for O(1) de-duplication.
+    queued: std::collections::HashSet<T>,
+}
+
+impl<T> Default for UniqueFifo<T> {
+    fn default() -> Self {
+        UniqueFifo {
+            items: std::collections::VecDeque::new(),
+            queued: std::collections::HashSet::new(),
+        }
+    }
+}
+
+impl<T: Clone + Eq + std::hash::Hash> UniqueFifo<T> {
+    /// Queues `item` at the back unless it is queued already.
+    pub fn push(&mut self, item: T) {
+        if self.queued.insert(item.clone()) {
+            self.items.push_back(item);
+        }
+    }
+
+    /// Takes the front item.
+    pub fn pop(&mut self) -> Option<T> {
+        let item = self.items.pop_front()?;
+        self.queued.remove(&item);
+        Some(item)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UniqueFifo;
+
+    #[test]
+    fn a_unique_fifo_keeps_order_and_holds_each_item_once() {
+        let mut fifo = UniqueFifo::default();
+        for item in [3, 1, 3, 2, 1] {
+            fifo.push(item);
+        }
+        assert_eq!(fifo.pop(), Some(3));
+        // Taken out, an item may be queued again, at the back.
+        fifo.push(3);
+        assert_eq!(fifo.pop(), Some(1));
+        assert_eq!(fifo.pop(), Some(2));
+        assert!(!fifo.is_empty());
+        assert_eq!(fifo.pop(), Some(3));
+        assert_eq!(fifo.pop(), None);
+        assert!(fifo.is_empty());
+    }
+}

@@ -2,7 +2,6 @@
 //! must not write): queued here, each job once, and run from a 0 ms timer on the next
 //! event-loop turn.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -12,9 +11,9 @@ use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
 };
 use crate::host::timer;
-use crate::lock::locked;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
+use crate::lock::{locked, UniqueFifo};
 use crate::service::{change, effects, safety};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -31,9 +30,8 @@ pub enum Job {
 
 #[derive(Default)]
 struct Pending {
-    /// Jobs in the order they were deferred; `queued` has the same jobs, for O(1) de-duplication.
-    jobs: VecDeque<Job>,
-    queued: HashSet<Job>,
+    /// Jobs in the order they were deferred, each once.
+    jobs: UniqueFifo<Job>,
     armed: bool,
 }
 
@@ -46,9 +44,7 @@ fn pending() -> MutexGuard<'static, Pending> {
 /// Queues `job` (unless it is already queued) for the next event-loop turn.
 pub fn defer(ctx: &Context, job: Job) {
     let mut p = pending();
-    if p.queued.insert(job.clone()) {
-        p.jobs.push_back(job);
-    }
+    p.jobs.push(job);
     if !p.armed {
         p.armed = timer::create(ctx, 0, run).is_some();
     }
@@ -62,10 +58,7 @@ const SLICE: Duration = Duration::from_millis(2);
 const PAUSED_RETRY_MS: u64 = 10;
 
 fn next_job() -> Option<Job> {
-    let mut p = pending();
-    let job = p.jobs.pop_front()?;
-    p.queued.remove(&job);
-    Some(job)
+    pending().jobs.pop()
 }
 
 /// The timer's callback: runs jobs for one slice, then leaves the rest to the next turn.

@@ -13,7 +13,6 @@
 //!
 //! All of this runs on the main thread; the mutexes only satisfy `static`.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
@@ -23,9 +22,9 @@ use crate::host::blocking::{self, BlockedClient};
 use crate::host::server::selected_db;
 use crate::host::{in_call, keys, timer};
 use crate::lock::core::Lock;
-use crate::lock::locked;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
+use crate::lock::{locked, UniqueFifo};
 use crate::metrics;
 
 static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
@@ -68,13 +67,8 @@ pub fn acquirers_by_mode(ctx: &Context, key: &RedisString) -> (usize, usize) {
 }
 
 /// Keys whose queue heads may be served, in the order they had room, each once.
-#[derive(Default)]
-struct Ready {
-    keys: VecDeque<KeyRef>,
-    queued: HashSet<KeyRef>,
-}
-
-static READY: LazyLock<Mutex<Ready>> = LazyLock::new(|| Mutex::new(Ready::default()));
+static READY: LazyLock<Mutex<UniqueFifo<KeyRef>>> =
+    LazyLock::new(|| Mutex::new(UniqueFifo::default()));
 /// Whether `READY` has keys: the check at the end of every command takes no lock.
 static ANY_READY: AtomicBool = AtomicBool::new(false);
 /// Serves `READY` when room was made outside a command or timer callback (see [`signal_ready`]).
@@ -97,25 +91,19 @@ pub fn signal_ready(ctx: &Context, key: &RedisString) {
 /// Redis would offer the key again in the same pass.
 pub fn signal_later(ctx: &Context, place: KeyRef) {
     mark_ready(place);
-    READY_TIMER.arm(ctx, 10, ready_timer_fired);
+    serve_later(ctx, 10);
 }
 
 fn mark_ready(place: KeyRef) {
-    let mut ready = locked(&READY);
-    if ready.queued.insert(place.clone()) {
-        ready.keys.push_back(place);
-    }
+    locked(&READY).push(place);
     ANY_READY.store(true, Ordering::Relaxed);
 }
 
 /// The next key whose queue may be served.
 pub fn next_ready() -> Option<KeyRef> {
     let mut ready = locked(&READY);
-    let next = ready.keys.pop_front();
-    if let Some(key) = &next {
-        ready.queued.remove(key);
-    }
-    ANY_READY.store(!ready.keys.is_empty(), Ordering::Relaxed);
+    let next = ready.pop();
+    ANY_READY.store(!ready.is_empty(), Ordering::Relaxed);
     next
 }
 
