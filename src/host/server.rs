@@ -1,7 +1,7 @@
 //! The server around a call: the clock, the selected database, the calling client and the
 //! context's flags.
 
-use std::ffi::{c_int, CStr};
+use std::ffi::CStr;
 
 use redis_module::{raw, Context, ContextFlags, RedisString};
 
@@ -165,10 +165,8 @@ pub fn replication_acks(ctx: &Context) -> Option<(i64, Vec<i64>)> {
 /// True inside MULTI/EXEC or a script (or function): Redis serves the clients blocked on keys
 /// only after the whole transaction or script, and so does the module.
 pub fn in_multi_or_script(ctx: &Context) -> bool {
-    // SAFETY: a valid context; the call only reads its flags, and its presence is checked.
-    let flags = unsafe { raw::RedisModule_GetContextFlags.map_or(0, |f| f(ctx.ctx)) };
-    let either = raw::REDISMODULE_CTX_FLAGS_MULTI | raw::REDISMODULE_CTX_FLAGS_LUA;
-    flags & either as c_int != 0
+    ctx.get_flags()
+        .intersects(ContextFlags::MULTI | ContextFlags::LUA)
 }
 
 /// True while the server must not send anything of its own to replicas (CLIENT PAUSE, a

@@ -196,9 +196,7 @@ fn heads_a_queue(tag: &Tag) -> bool {
 /// shared): they get their turn when the lock has room. Redis serves them after this callback.
 fn settle_others(ctx: &Context, tag: &Tag, was_head: bool) {
     if !tag.also.is_empty() {
-        for key in tag.keys() {
-            waiters::signal_ready(ctx, &key_string(ctx, key));
-        }
+        signal_keys(ctx, tag);
         return;
     }
     if !was_head {
@@ -213,6 +211,13 @@ fn settle_others(ctx: &Context, tag: &Tag, was_head: bool) {
         if stored.lock().has_room(now_ms()) {
             waiters::signal_ready(ctx, &name);
         }
+    }
+}
+
+/// Every key of multi-lock waiter `tag` has room for the waiters behind it (it left them).
+fn signal_keys(ctx: &Context, tag: &Tag) {
+    for key in tag.keys() {
+        waiters::signal_ready(ctx, &key_string(ctx, key));
     }
 }
 
@@ -270,9 +275,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
                 // waiters behind it on every key get their turn.
                 if let Err(refused) = lock.admit(&exclusive(&token), now) {
                     waiters::remove(tag)?;
-                    for key in tag.keys() {
-                        waiters::signal_ready(ctx, &key_string(ctx, key));
-                    }
+                    signal_keys(ctx, tag);
                     return Some(Err(refused.into()));
                 }
             }
@@ -365,14 +368,10 @@ fn serve_queue(ctx: &Context, db: i32, name: &[u8]) {
             also: Vec::new(),
         };
         // `None`: the head waits on (the lock is busy, or its grant waits for a timer).
-        let Some(answer) = serve(ctx, &tag) else {
+        let Some(outcome) = serve_head(ctx, &tag) else {
             return;
         };
-        let answer = answer.and_then(|reply| match reply {
-            RedisValue::Integer(fence) => Ok(fence),
-            _ => Err(LockError::internal("a grant without a fence")),
-        });
-        waiters::end_wait(id, handle, Ending::Answered(answer));
+        waiters::end_wait(id, handle, Ending::Answered(outcome.map(fence_reply)));
     }
 }
 
@@ -380,16 +379,41 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     if !tag.also.is_empty() {
         return serve_all(ctx, tag);
     }
+    if let Some(waited_on) = tag.watch {
+        return serve_watcher(ctx, tag, waited_on);
+    }
     let (db, name) = &tag.key;
     // An acquirer that is not the head of its queue waits on, before anything else (no key
     // opened): Redis offers a signalled key to every multi-lock waiter blocked on it.
-    if tag.watch.is_none() && !waiters::queues().is_head(*db, name, tag.id) {
+    if !waiters::queues().is_head(*db, name, tag.id) {
         return None;
     }
     // LOCK.MACQUIRE of a single key: a multi-lock waiter all the same.
-    if tag.watch.is_none() && waiters::queues().is_multi(tag) {
+    if waiters::queues().is_multi(tag) {
         return serve_all(ctx, tag);
     }
+    serve_head(ctx, tag).map(|outcome| outcome.map(|fence| RedisValue::Integer(fence_reply(fence))))
+}
+
+/// A `LOCK.WAIT` watcher of the grant with fence `waited_on`: answered 1 when every holder up to
+/// that fence has gone.
+fn serve_watcher(ctx: &Context, tag: &Tag, waited_on: u64) -> Option<CommandResult> {
+    let key = ctx.open_key_writable(&key_string(ctx, &tag.key.1));
+    let Ok(Some(stored)) = in_key_mut(&key) else {
+        // Another type took the name: keep waiting for it to become a lock again.
+        return None;
+    };
+    let over = stored
+        .lock()
+        .live_holders(now_ms())
+        .all(|(fence, _)| fence > waited_on);
+    (over && waiters::remove(tag).is_some()).then_some(Ok(RedisValue::Integer(1)))
+}
+
+/// The single-key acquirer `tag` at the head of its queue: granted what it asked for when the
+/// lock has room (its fence, or why it can never have one); `None` keeps it waiting.
+fn serve_head(ctx: &Context, tag: &Tag) -> Option<Result<u64, LockError>> {
+    let (db, name) = &tag.key;
     let now = now_ms();
     let key_name = key_string(ctx, name);
     let key = ctx.open_key_writable(&key_name);
@@ -398,14 +422,6 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
         // Another type took the name: keep waiting for it to become a lock again.
         _ => return None,
     };
-    if let Some(waited_on) = tag.watch {
-        // Over when every holder up to the fence noted has gone.
-        let over = stored
-            .lock()
-            .live_holders(now)
-            .all(|(fence, _)| fence > waited_on);
-        return (over && waiters::remove(tag).is_some()).then_some(Ok(RedisValue::Integer(1)));
-    }
     expire_overdue(ctx, &key_name, stored, now);
     // Held in a way that excludes the head, or in a lock-delay (the lease timer hands it over
     // when that ends). A request that can never be granted gets its error.
@@ -430,11 +446,7 @@ fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     if stored.lock().has_room(now) && waiters::queued(ctx, &key_name) {
         waiters::signal_ready(ctx, &key_name);
     }
-    Some(
-        granted
-            .outcome
-            .map(|fence| RedisValue::Integer(fence_reply(fence))),
-    )
+    Some(granted.outcome)
 }
 
 /// An exclusive request of `token` (what a multi-lock waiter asks of each key).
