@@ -270,7 +270,12 @@ fn fuzzed_commands_and_corrupted_restores_leave_the_server_up() {
     // The key gauge matches the keyspace, and everything saves and loads again.
     assert_eq!(server.info_int("lock_keys"), lock_type_keys(&mut c));
     assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
-    assert_eq!(server.info_int("lock_keys"), lock_type_keys(&mut c));
+    // Valkey 9 may free the replaced dataset after DEBUG RELOAD answers (seen under load: 172
+    // for 86 keys): until then its values still count.
+    let keys = lock_type_keys(&mut c);
+    wait_for("lock_keys of the reloaded dataset alone", || {
+        (server.info_int("lock_keys") == keys).then_some(())
+    });
     let fresh = c.call(&["LOCK.ACQUIRE", "fz:after", "final-token", "50"]);
     assert!(
         matches!(fresh, Reply::Int(_) | Reply::Error(_)),
