@@ -53,6 +53,13 @@ pub enum LockError {
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
     BadEffect(&'static str),
+    /// LOCK.MACQUIRE / LOCK.MRELEASE: fewer arguments after numkeys than its keys and the
+    /// arguments that must follow them (`after`, by name).
+    ShortOfKeys {
+        numkeys: usize,
+        given: usize,
+        after: &'static [&'static str],
+    },
     /// LOCK.MACQUIRE / LOCK.MRELEASE named a key twice.
     DuplicateKey,
     /// An option of LOCK.ACQUIRE that LOCK.MACQUIRE does not take.
@@ -127,6 +134,18 @@ impl LockError {
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),
             LockError::BadEffect(what) => format!("ERR malformed LOCK.APPLY: {what}"),
+            LockError::ShortOfKeys {
+                numkeys,
+                given,
+                after,
+            } => {
+                let names = after.join(" and ");
+                format!(
+                    "ERR invalid numkeys: {numkeys} key(s) then the {names} need {} arguments \
+                     after numkeys, {given} given (the {names} left out, or numkeys too large?)",
+                    numkeys + after.len()
+                )
+            }
             LockError::DuplicateKey => "ERR duplicate key: each key may be named once".into(),
             LockError::NotForMulti(option) => {
                 format!("ERR option {option} is not supported by LOCK.MACQUIRE")

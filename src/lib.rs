@@ -270,6 +270,7 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         host::set_module_options(ctx, host::api::VALKEY_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION);
     }
     service::leases::set_due_handler(service::expiry::on_due);
+    service::value::set_forget_entries(service::leases::forget);
     host::set_after_call(service::handoff::serve_ready);
     service::safety::check(ctx);
     host::log_notice(&format!(

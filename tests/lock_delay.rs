@@ -314,3 +314,57 @@ fn forcerelease_after_a_delay_ended_leaves_primary_and_replica_alike() {
     assert_eq!(digest_value(&mut p, "lk"), digest_value(&mut r, "lk"));
     assert_eq!(p.call(&["DEBUG", "DIGEST"]), r.call(&["DEBUG", "DIGEST"]));
 }
+
+/// LOCK.WAIT (single-flight) waits for the lock to be takeable: through a running lock-delay as
+/// through a hold, on the primary and on a replica, whether it began before the lease ran out or
+/// during the delay. When it answers 1, an ACQUIRE succeeds.
+#[test]
+fn lock_wait_answers_once_the_lock_delay_has_ended() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut c = primary.conn();
+    let mut r = replica.conn();
+    acquire_with(&mut c, "lk", "crashed", 300, &["LOCKDELAY", "700"]).int();
+    let until = now_ms() + 300 + 700;
+    // Watchers from before the lease ran out, on both servers.
+    let mut early = primary.conn();
+    early.send(&["LOCK.WAIT", "lk", "10000"]);
+    let mut early_replica = replica.conn();
+    early_replica.send(&["LOCK.WAIT", "lk", "10000"]);
+    wait_blocked(&primary, 1);
+    wait_blocked(&replica, 1);
+    wait_delayed(&mut c, "lk");
+    wait_for("the replica to see the delay", || {
+        (state_of(&mut r, "lk") == "free").then_some(())
+    });
+    // Watchers that begin during the delay.
+    let mut late = primary.conn();
+    late.send(&["LOCK.WAIT", "lk", "10000"]);
+    let mut late_replica = replica.conn();
+    late_replica.send(&["LOCK.WAIT", "lk", "10000"]);
+    wait_blocked(&primary, 2);
+    wait_blocked(&replica, 2);
+    for watcher in [&mut early, &mut late, &mut early_replica, &mut late_replica] {
+        assert_eq!(watcher.read(), Reply::Int(1));
+        assert!(
+            now_ms() + 20 >= until,
+            "answered {} ms before the delay ended",
+            until - now_ms()
+        );
+    }
+    assert!(acquire_with(&mut c, "lk", "next", 1000, &[]).is_int());
+    // A timeout shorter than the delay still answers 0 in time.
+    acquire_with(&mut c, "short", "crashed", 50, &["LOCKDELAY", "5000"]).int();
+    wait_delayed(&mut c, "short");
+    let started = Instant::now();
+    assert_eq!(c.call(&["LOCK.WAIT", "short", "200"]), Reply::Int(0));
+    assert!(started.elapsed() < Duration::from_millis(2000));
+    // LOCK.FORCERELEASE ends the delay: it answers 0 (nobody held it) and wakes the watchers.
+    let mut watcher = primary.conn();
+    watcher.send(&["LOCK.WAIT", "short", "10000"]);
+    wait_blocked(&primary, 1);
+    assert_eq!(c.call(&["LOCK.FORCERELEASE", "short"]), Reply::Int(0));
+    assert_eq!(watcher.read(), Reply::Int(1));
+    assert!(acquire_with(&mut c, "short", "next", 1000, &[]).is_int());
+}

@@ -145,7 +145,10 @@ fn bad_calls_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.MACQUIRE", "3", "a", "t", "100"],
-            numkeys("more than the keys given"),
+            Reply::error(
+                "ERR invalid numkeys: 3 key(s) then the token and ttl-ms need 5 arguments after \
+                 numkeys, 3 given (the token and ttl-ms left out, or numkeys too large?)",
+            ),
         ),
         (
             vec!["LOCK.MACQUIRE", "1025", "a", "t", "100"],
@@ -185,7 +188,10 @@ fn bad_calls_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.MRELEASE", "2", "a", "t"],
-            numkeys("more than the keys given"),
+            Reply::error(
+                "ERR invalid numkeys: 2 key(s) then the token need 3 arguments after numkeys, 2 \
+                 given (the token left out, or numkeys too large?)",
+            ),
         ),
         (
             vec!["LOCK.MRELEASE", "2", "a", "str", "t"],

@@ -213,3 +213,143 @@ fn sync_is_refused_where_a_client_cannot_wait_and_bad_values_change_nothing() {
     }
     assert_eq!(c.call(&["DBSIZE"]), Reply::Int(0));
 }
+
+/// The error of a SYNC grant (or change) that stays although no replica acknowledged it.
+fn kept_unacknowledged(replicas: u64, ms: u64) -> Reply {
+    Reply::error(&format!(
+        "NOREPLICAS the change was not acknowledged by {replicas} replica(s) within {ms} ms: a \
+         failover may lose it"
+    ))
+}
+
+/// A reply that promised a lease is never taken back. While a grant waits for a replica that
+/// never answers, its token's plain retry (the documented answer to a lost reply), a reentrant
+/// acquire, a RENEW or a refresh that waits for replicas too is answered with a lease; from then
+/// on the grant stays, and its SYNC client hears that it was kept without acknowledgement. The
+/// same for shared holds and permits.
+#[test]
+fn a_grant_its_token_refreshed_while_replicas_were_awaited_is_never_taken_back() {
+    let server = Server::start();
+    let refreshes: [(&str, &[&str]); 5] = [
+        ("ACQUIRE", &["LOCK.ACQUIRE", "KEY", "T", "30000"]),
+        (
+            "REENTRANT",
+            &["LOCK.ACQUIRE", "KEY", "T", "30000", "REENTRANT"],
+        ),
+        ("RENEW", &["LOCK.RENEW", "KEY", "T", "30000"]),
+        (
+            "ACQUIRE SYNC",
+            &["LOCK.ACQUIRE", "KEY", "T", "30000", "SYNC", "1", "100"],
+        ),
+        (
+            "RENEW SYNC",
+            &["LOCK.RENEW", "KEY", "T", "30000", "SYNC", "1", "100"],
+        ),
+    ];
+    let modes: [&[&str]; 3] = [&[], &["SHARED"], &["LIMIT", "2"]];
+    let (mut case, mut failed) = (0, 0);
+    for mode in modes {
+        for (what, refresh) in refreshes {
+            case += 1;
+            let key = format!("k{case}");
+            let with_mode = |command: &[&str]| -> Vec<String> {
+                let mut args: Vec<String> = command
+                    .iter()
+                    .map(|a| {
+                        if *a == "KEY" {
+                            key.clone()
+                        } else {
+                            a.to_string()
+                        }
+                    })
+                    .collect();
+                if command[0] == "LOCK.ACQUIRE" {
+                    args.extend(mode.iter().map(|m| m.to_string()));
+                }
+                args
+            };
+            let mut first = server.conn();
+            first.send(&with_mode(&[
+                "LOCK.ACQUIRE",
+                "KEY",
+                "T",
+                "30000",
+                "SYNC",
+                "1",
+                "500",
+            ]));
+            wait_blocked(&server, 1);
+            let fence = fence_of(&mut server.conn(), &key);
+            let mut retry = server.conn();
+            let answer = retry.call(&with_mode(refresh));
+            let promised = if refresh[0] == "LOCK.RENEW" { 1 } else { fence };
+            failed += 1;
+            if refresh.contains(&"SYNC") {
+                failed += 1;
+                assert_eq!(answer, kept_unacknowledged(1, 100), "{what} {mode:?}");
+            } else {
+                assert_eq!(answer, Reply::Int(promised), "{what} {mode:?}");
+            }
+            assert_eq!(first.read(), kept_unacknowledged(1, 500), "{what} {mode:?}");
+            let mut c = server.conn();
+            assert_eq!(
+                c.call(&["LOCK.FENCE", &key, &fence.to_string()]),
+                Reply::Int(1),
+                "{what} {mode:?}: the lease promised to the retry was taken back"
+            );
+            assert_eq!(state_of(&mut c, &key), "held", "{what} {mode:?}");
+            let other = c.call(&with_mode(&["LOCK.ACQUIRE", "KEY", "other", "30000"]));
+            if mode.is_empty() {
+                assert_eq!(other, Reply::Nil, "{what} {mode:?}");
+            }
+        }
+    }
+    assert_eq!(server.info_int("lock_sync_confirmed"), 0);
+    assert_eq!(server.info_int("lock_sync_failed"), failed);
+}
+
+/// Without a refresh the grant is still taken back, and a refresh after the take-back is a new
+/// acquire; a SYNC client whose wait is cut short (CLIENT UNBLOCK) is told whether its grant
+/// stays: taken back when still provisional, kept when its token refreshed it.
+#[test]
+fn an_unrefreshed_grant_is_taken_back_and_an_unblocked_client_hears_its_fate() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "T", "30000", "SYNC", "1", "200"]),
+        not_acknowledged(1, 200)
+    );
+    assert_eq!(state_of(&mut c, "k"), "free");
+    for refreshed in [false, true] {
+        let key = format!("unblocked-{refreshed}");
+        let mut first = server.conn();
+        let id = first.call(&["CLIENT", "ID"]).int();
+        first.send(&["LOCK.ACQUIRE", &key, "T", "30000", "SYNC", "1", "5000"]);
+        wait_blocked(&server, 1);
+        let fence = fence_of(&mut c, &key);
+        if refreshed {
+            assert_eq!(c.call(&["LOCK.RENEW", &key, "T", "30000"]), Reply::Int(1));
+        }
+        assert_eq!(
+            c.call(&["CLIENT", "UNBLOCK", &id.to_string()]),
+            Reply::Int(1)
+        );
+        if refreshed {
+            assert_eq!(first.read(), kept_unacknowledged(1, 5000));
+            // Past the next run of the acknowledgement timer: still held.
+            assert_eq!(
+                c.call(&["LOCK.ACQUIRE", "probe", "p", "10", "SYNC", "1", "50"]),
+                not_acknowledged(1, 50)
+            );
+            assert_eq!(
+                c.call(&["LOCK.FENCE", &key, &fence.to_string()]),
+                Reply::Int(1)
+            );
+        } else {
+            assert_eq!(first.read(), not_acknowledged(1, 5000));
+            wait_for("the unblocked grant to be taken back", || {
+                (state_of(&mut c, &key) == "free").then_some(())
+            });
+        }
+    }
+}

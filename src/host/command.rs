@@ -8,8 +8,8 @@ use std::ptr;
 use redis_module::{raw, Context, RedisString, RedisValue};
 
 use crate::error::LockError;
-use crate::host::call;
 use crate::host::{as_call, guarded, log_warning, ERR, OK};
+use crate::host::{call, keys};
 
 /// What a command handler answers: a reply, or an error whose text the client sees.
 pub type CommandResult = Result<RedisValue, LockError>;
@@ -17,6 +17,14 @@ pub type CommandResult = Result<RedisValue, LockError>;
 /// A command: `run` gets the context and the arguments (the command name first).
 pub trait Command {
     fn run(ctx: &Context, args: &[RedisString]) -> CommandResult;
+
+    /// The positions of the arguments that may hold a token when the call fails, whatever the
+    /// error: a misplaced argument (a forgotten key, swapped arguments, a wrong count of keys)
+    /// puts the token where no check expects it. They are redacted from SLOWLOG, MONITOR and
+    /// the command log; a call that succeeds redacts its token itself.
+    fn secret_on_error(_args: &[RedisString]) -> Vec<usize> {
+        Vec::new()
+    }
 }
 
 /// The C signature of a command callback.
@@ -34,10 +42,16 @@ pub extern "C" fn entry<C: Command>(
 ) -> c_int {
     let context = Context::new(ctx);
     as_call(&context, || {
+        let args = borrowed_args(ctx, argv, argc);
+        let args = as_strings(&args);
         let outcome = guarded(Err(LockError::internal("a command panicked")), || {
-            let args = borrowed_args(ctx, argv, argc);
-            C::run(&context, as_strings(&args))
+            C::run(&context, args)
         });
+        if outcome.is_err() {
+            for position in guarded(Vec::new(), || C::secret_on_error(args)) {
+                keys::redact(&context, i32::try_from(position).unwrap_or(i32::MAX));
+            }
+        }
         reply(&context, outcome);
     });
     OK

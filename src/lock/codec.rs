@@ -82,6 +82,7 @@ fn holder_from(
         holds,
         session: flags & FLAG_SESSION != 0,
         delay,
+        provisional: false,
     })
 }
 
@@ -603,6 +604,7 @@ mod tests {
         Lock {
             fence: 77,
             holder: Some(Holder {
+                provisional: false,
                 token: b"t\0k".to_vec().into_boxed_slice(),
                 deadline: 123,
                 holds: 2,
@@ -727,6 +729,7 @@ mod tests {
         let held = Lock {
             fence: 12,
             holder: Some(Holder {
+                provisional: false,
                 token: b"t".to_vec().into_boxed_slice(),
                 deadline: 18_446_744_073_709_551_615,
                 holds: 3,
@@ -771,6 +774,7 @@ mod tests {
             Lock {
                 fence: 10,
                 holder: Some(Holder {
+                    provisional: false,
                     token: b"\x00\xffbinary".to_vec().into_boxed_slice(),
                     deadline: 1_764_000_000_000,
                     holds: 3,
@@ -809,6 +813,7 @@ mod tests {
         let member = |fence, token: &[u8], session| Member {
             fence,
             holder: Holder {
+                provisional: false,
                 token: token.into(),
                 deadline: 1_764_000_000_000 + fence,
                 holds: 1,

@@ -30,6 +30,10 @@ pub struct Holder {
     /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
     /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
     pub delay: u64,
+    /// A grant made with SYNC that its replicas have not acknowledged yet: taken back if they do
+    /// not in time, unless its token refreshed or renewed it meanwhile (that reply promised it a
+    /// lease). In memory only: never stored, replicated or digested.
+    pub provisional: bool,
 }
 
 /// A shared holder or a permit holder: a holder with the fence of its own grant.
@@ -102,6 +106,9 @@ pub struct Request<'a> {
     /// grants only.
     pub delay: u64,
     pub mode: Mode,
+    /// The grant waits for replicas (SYNC): a new hold is provisional (see
+    /// [`Holder::provisional`]).
+    pub provisional: bool,
 }
 
 /// What a grant request turned into.
@@ -195,6 +202,8 @@ pub fn deadline_after(now: u64, ttl: u64) -> u64 {
 /// Refreshes a hold the requester already has.
 fn refresh(holder: &mut Holder, request: &Request, deadline: u64) {
     holder.deadline = deadline;
+    // The reply promises this lease: it is no longer taken back.
+    holder.provisional = false;
     if request.reentrant {
         holder.holds = holder.holds.saturating_add(1);
     }
@@ -500,6 +509,7 @@ impl Lock {
             session,
             delay: 0,
             mode: Mode::Exclusive,
+            provisional: false,
         };
         self.grant(&request, floor, now).map_err(|_| FenceExhausted)
     }
@@ -558,6 +568,7 @@ impl Lock {
                     holds: 1,
                     session: request.session,
                     delay: 0,
+                    provisional: request.provisional,
                 };
                 let limit = match request.mode {
                     Mode::Exclusive => {
@@ -604,6 +615,7 @@ impl Lock {
         match self.live_hold_mut(token, now) {
             Some(holder) => {
                 holder.deadline = deadline_after(now, ttl);
+                holder.provisional = false;
                 true
             }
             None => false,
@@ -641,11 +653,12 @@ impl Lock {
     }
 
     /// Takes back the grant with `fence` from `token` (all its holds), when that grant is a
-    /// current one: a grant its replicas never acknowledged. True when it did.
+    /// current one and still provisional: a grant its replicas never acknowledged, which no
+    /// refresh or renewal has promised to its token since. True when it did.
     pub fn revoke(&mut self, token: &[u8], fence: u64, now: u64) -> bool {
         let current = self
             .live_holders(now)
-            .any(|(f, h)| f == fence && *h.token == *token);
+            .any(|(f, h)| f == fence && *h.token == *token && h.provisional);
         if current {
             self.end_hold(token, now);
         }
@@ -868,21 +881,75 @@ mod tests {
     }
 
     #[test]
-    fn revoke_takes_back_only_that_grant_of_that_token() {
+    fn revoke_takes_back_only_that_provisional_grant_of_that_token() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, true, false, 0, T0));
-        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
+        let sync = Request {
+            provisional: true,
+            ..request(b"a", 1000, false, 0)
+        };
+        let fence = granted(lock.grant(&sync, 0, T0));
         assert!(!lock.revoke(b"b", fence, T0));
         assert!(!lock.revoke(b"a", fence + 1, T0));
         assert!(lock.revoke(b"a", fence, T0));
         assert!(!lock.is_held(T0));
         let next = granted(lock.acquire(b"c", 1000, false, false, fence, T0));
         assert!(!lock.revoke(b"a", fence, T0));
+        // Granted without SYNC: never provisional.
+        assert!(!lock.revoke(b"c", next, T0));
         assert!(lock.fence_is_current(next, T0));
+    }
+
+    #[test]
+    fn a_refresh_or_a_renewal_by_its_token_makes_a_provisional_grant_firm() {
+        let sync = |token| Request {
+            provisional: true,
+            ..request(token, 1000, false, 0)
+        };
+        type Refresh = fn(&mut Lock);
+        let refreshes: [(&str, Refresh); 5] = [
+            ("a plain refresh", |lock| {
+                lock.acquire(b"a", 1000, false, false, 0, T0).ok();
+            }),
+            ("a reentrant acquire", |lock| {
+                lock.acquire(b"a", 1000, true, false, 0, T0).ok();
+            }),
+            ("a refresh that waits for replicas too", |lock| {
+                let again = Request {
+                    provisional: true,
+                    ..request(b"a", 1000, false, 0)
+                };
+                lock.grant(&again, 0, T0).ok();
+            }),
+            ("a renewal", |lock| {
+                assert!(lock.renew(b"a", 5000, T0));
+            }),
+            ("a downgrade", |lock| {
+                lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0).ok();
+            }),
+        ];
+        for (what, refresh) in refreshes {
+            let mut lock = Lock::default();
+            let fence = granted(lock.grant(&sync(b"a"), 0, T0));
+            refresh(&mut lock);
+            assert!(!lock.revoke(b"a", fence, T0), "{what}");
+            assert!(lock.holds(b"a", T0), "{what}");
+        }
+        // A release of one of several holds promises nothing: still provisional.
+        let mut lock = Lock::default();
+        let reentrant = Request {
+            reentrant: true,
+            ..sync(b"a")
+        };
+        let fence = granted(lock.grant(&reentrant, 0, T0));
+        let holder = lock.holder.as_mut().expect("held");
+        holder.holds = 2;
+        assert_eq!(lock.release(b"a", T0), Some(false));
+        assert!(lock.revoke(b"a", fence, T0));
     }
 
     fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'_> {
         Request {
+            provisional: false,
             token,
             ttl,
             reentrant: false,
@@ -975,6 +1042,7 @@ mod tests {
 
     fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'_> {
         Request {
+            provisional: false,
             token,
             ttl,
             reentrant: false,
@@ -1108,14 +1176,22 @@ mod tests {
         };
         let a = granted(lock.grant(&reentrant, 0, T0));
         lock.grant(&reentrant, a, T0).ok();
-        let b = granted(lock.grant(&asking(b"b", 1000, Mode::Shared), a, T0));
+        let provisional = |token| Request {
+            provisional: true,
+            ..asking(token, 1000, Mode::Shared)
+        };
+        let b = granted(lock.grant(&provisional(b"b"), a, T0));
+        let c = granted(lock.grant(&provisional(b"c"), b, T0));
         assert_eq!(lock.release(b"a", T0), Some(false));
         assert!(lock.renew(b"b", 9000, T0 + 500));
         assert_eq!(lock.ttl(T0 + 500), Some(500));
         assert!(!lock.end_session(b"b", T0 + 500));
         assert!(lock.end_session(b"a", T0 + 500));
         assert!(!lock.revoke(b"b", a, T0 + 500));
-        assert!(lock.revoke(b"b", b, T0 + 500));
+        // b renewed its grant: firm. c did not.
+        assert!(!lock.revoke(b"b", b, T0 + 500));
+        assert!(lock.revoke(b"c", c, T0 + 500));
+        assert!(lock.release(b"b", T0 + 500).is_some());
         assert!(!lock.is_held(T0 + 500));
         assert_eq!(lock.group, None);
     }
@@ -1125,6 +1201,7 @@ mod tests {
         let member = |n: u64| Member {
             fence: n,
             holder: Holder {
+                provisional: false,
                 token: n.to_string().into_bytes().into(),
                 deadline: T0 + 1000,
                 holds: 1,

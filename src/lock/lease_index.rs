@@ -1,11 +1,11 @@
 //! The lease index: every lock with a deadline, ordered by it, so the expiry timer finds what is
 //! due without scanning the keyspace.
 //!
-//! An entry is (deadline, slot) -> key name, where the slot packs a database handle (high 32
-//! bits) with the low 32 bits of the lock's id: 32 bytes per entry, the size that matters with a
-//! million leases. Entries are hints: a key renamed, moved, deleted or flushed leaves a stale
-//! entry, and a lock id's low bits may repeat after 2^32 values; whoever pops an entry checks the
-//! key's value before acting on it.
+//! An entry is (deadline, lock id) -> (database handle, key name). A lock id is unique per value
+//! for the life of the process, so the value's own free callback can take its entries out (see
+//! [`LeaseIndex::forget`]) whatever removed it: a deleted, overwritten, evicted or flushed lock
+//! leaves nothing behind. Entries are still hints: one may come due early, and whoever pops an
+//! entry checks the key's value before acting on it.
 //!
 //! Beside the B-tree, a queue of reclaim times: a release makes a lock due for reclaim
 //! `lock.tombstone-ttl` after it, a time no earlier than any queued before while that config
@@ -17,27 +17,31 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-const ID_BITS: u32 = 32;
-const ID_MASK: u64 = (1 << ID_BITS) - 1;
-
-/// The part of a lock id the index keeps: compare ids with this.
-pub fn short_id(id: u64) -> u64 {
-    id & ID_MASK
-}
-
 /// An entry that came due.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Due {
     pub db: i32,
-    /// The lock's short id ([`short_id`]).
+    /// The lock's id.
     pub id: u64,
     pub key: Box<[u8]>,
     /// From the reclaim queue, not the B-tree.
     pub queued: bool,
 }
 
-/// A queued reclaim: (at, slot, key).
-type Reclaim = (u64, u64, Box<[u8]>);
+/// Where a lock is: a database handle and the key name.
+#[derive(Debug)]
+struct Place {
+    handle: u32,
+    key: Box<[u8]>,
+}
+
+/// A queued reclaim.
+#[derive(Debug)]
+struct Reclaim {
+    at: u64,
+    id: u64,
+    place: Place,
+}
 
 /// Entries per chunk of the reclaim queue (32 KiB).
 const CHUNK: usize = 1024;
@@ -91,6 +95,33 @@ impl ReclaimQueue {
         entry
     }
 
+    /// Removes the reclaim of lock `id` queued at `at`; false when there is none.
+    fn remove(&mut self, at: u64, id: u64) -> bool {
+        // Times never decrease from front to back, within and across chunks.
+        let first = self
+            .chunks
+            .partition_point(|chunk| chunk.back().is_some_and(|r| r.at < at));
+        for c in first..self.chunks.len() {
+            let chunk = &mut self.chunks[c];
+            if chunk.front().is_some_and(|r| r.at > at) {
+                break;
+            }
+            let from = chunk.partition_point(|r| r.at < at);
+            let found = (from..chunk.len())
+                .take_while(|&i| chunk[i].at == at)
+                .find(|&i| chunk[i].id == id);
+            if let Some(i) = found {
+                chunk.remove(i);
+                if chunk.is_empty() {
+                    self.chunks.remove(c);
+                }
+                self.len -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
     fn retain(&mut self, keep: impl Fn(&Reclaim) -> bool) {
         for chunk in &mut self.chunks {
             chunk.retain(&keep);
@@ -115,7 +146,7 @@ impl ReclaimQueue {
 
 #[derive(Default)]
 pub struct LeaseIndex {
-    entries: BTreeMap<(u64, u64), Box<[u8]>>,
+    entries: BTreeMap<(u64, u64), Place>,
     /// `at` never decreases from front to back.
     queue: ReclaimQueue,
     /// Handle -> database number.
@@ -146,50 +177,63 @@ impl LeaseIndex {
         self.handles[at]
     }
 
-    fn slot(&mut self, db: i32, id: u64) -> u64 {
-        (u64::from(self.handle(db)) << ID_BITS) | short_id(id)
+    fn place(&mut self, db: i32, key: &[u8]) -> Place {
+        Place {
+            handle: self.handle(db),
+            key: key.into(),
+        }
     }
 
-    fn db_of(&self, slot: u64) -> i32 {
-        let handle = (slot >> ID_BITS) as usize;
-        self.dbs.get(handle).copied().unwrap_or(-1)
+    fn db_of(&self, handle: u32) -> i32 {
+        self.dbs.get(handle as usize).copied().unwrap_or(-1)
     }
 
-    /// Adds an entry for lock `id` under `key` in `db`, due at `at`.
+    /// Adds an entry for lock `id` under `key` in `db`, due at `at`; an entry of the lock at
+    /// that time already now names this place (the lock was renamed or moved).
     pub fn insert(&mut self, at: u64, db: i32, id: u64, key: &[u8]) {
-        let slot = self.slot(db, id);
-        self.entries.insert((at, slot), key.into());
+        let place = self.place(db, key);
+        self.entries.insert((at, id), place);
     }
 
     /// Moves the entry of lock `id` from `old` to `new` (either may be absent); a move reuses the
     /// entry's copy of the key name.
     pub fn reindex(&mut self, db: i32, id: u64, key: &[u8], old: Option<u64>, new: Option<u64>) {
-        let slot = self.slot(db, id);
-        let previous = old.and_then(|old| self.entries.remove(&(old, slot)));
+        let previous = old.and_then(|old| self.entries.remove(&(old, id)));
         if let Some(new) = new {
-            let name = match previous {
-                Some(name) if *name == *key => name,
-                _ => key.into(),
+            let handle = self.handle(db);
+            let place = match previous {
+                Some(place) if place.handle == handle && *place.key == *key => place,
+                _ => self.place(db, key),
             };
-            self.entries.insert((new, slot), name);
+            self.entries.insert((new, id), place);
         }
     }
 
     /// Queues a reclaim of lock `id` under `key` in `db` at `at`, when no queued one is later;
     /// false (and nothing queued) otherwise.
     pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8]) -> bool {
-        if self.queue.back().is_some_and(|(last, _, _)| *last > at) {
+        if self.queue.back().is_some_and(|last| last.at > at) {
             return false;
         }
-        let slot = self.slot(db, id);
-        self.queue.push_back((at, slot, key.into()));
+        let place = self.place(db, key);
+        self.queue.push_back(Reclaim { at, id, place });
         true
+    }
+
+    /// Takes out the entries of lock `id` (its value is gone): its B-tree entry at `at`, its
+    /// queued reclaim at `queued`. True when the queued one was found (see
+    /// `ReclaimQueue::remove`).
+    pub fn forget(&mut self, id: u64, at: Option<u64>, queued: Option<u64>) -> bool {
+        if let Some(at) = at {
+            self.entries.remove(&(at, id));
+        }
+        queued.is_some_and(|queued| self.queue.remove(queued, id))
     }
 
     /// The earliest entry's time, and whether it is in the queue (not the B-tree).
     fn earliest(&self) -> Option<(u64, bool)> {
         let tree = self.entries.first_key_value().map(|((at, _), _)| *at);
-        let queue = self.queue.front().map(|(at, _, _)| *at);
+        let queue = self.queue.front().map(|r| r.at);
         match (tree, queue) {
             (Some(a), Some(b)) if b < a => Some((b, true)),
             (Some(a), _) => Some((a, false)),
@@ -209,17 +253,17 @@ impl LeaseIndex {
         if at > now {
             return None;
         }
-        let (slot, key) = if queued {
-            self.queue.pop_front().map(|(_, slot, key)| (slot, key))?
+        let (id, place) = if queued {
+            self.queue.pop_front().map(|r| (r.id, r.place))?
         } else {
             self.entries
                 .pop_first()
-                .map(|((_, slot), key)| (slot, key))?
+                .map(|((_, id), place)| (id, place))?
         };
         Some(Due {
-            db: self.db_of(slot),
-            id: slot & ID_MASK,
-            key,
+            db: self.db_of(place.handle),
+            id,
+            key: place.key,
             queued,
         })
     }
@@ -228,10 +272,9 @@ impl LeaseIndex {
     pub fn forget_db(&mut self, db: Option<i32>) {
         match db {
             Some(db) => {
-                let handle = u64::from(self.handle(db));
-                self.entries
-                    .retain(|(_, slot), _| slot >> ID_BITS != handle);
-                self.queue.retain(|(_, slot, _)| slot >> ID_BITS != handle);
+                let handle = self.handle(db);
+                self.entries.retain(|_, place| place.handle != handle);
+                self.queue.retain(|r| r.place.handle != handle);
             }
             None => {
                 self.entries.clear();
@@ -254,8 +297,8 @@ impl LeaseIndex {
         self.entries.clear();
         self.queue.clear();
         for (at, db, id, key) in found {
-            let slot = self.slot(db, id);
-            self.entries.insert((at, slot), key);
+            let handle = self.handle(db);
+            self.entries.insert((at, id), Place { handle, key });
         }
     }
 
@@ -343,6 +386,41 @@ mod tests {
         index.forget_db(None);
         assert!(index.is_empty());
         assert!(index.queue(1, 0, 5, b"after a flush, any time"));
+    }
+
+    #[test]
+    fn a_freed_lock_takes_its_entry_and_its_queued_reclaim_out() {
+        let mut index = LeaseIndex::new();
+        index.insert(50, 0, 1, b"held");
+        index.insert(50, 0, 2, b"other");
+        // Many reclaims at one time, across chunks: the one of lock 7 is found among them.
+        for id in 100..100 + 2 * CHUNK as u64 {
+            assert!(index.queue(60, 0, id, b"released"));
+        }
+        assert!(index.queue(60, 0, 7, b"released"));
+        assert!(index.queue(70, 0, 8, b"later"));
+        assert!(!index.forget(1, Some(50), None));
+        assert!(index.forget(7, None, Some(60)));
+        // Not there (any more): nothing else goes.
+        assert!(!index.forget(7, Some(50), Some(60)));
+        assert!(!index.forget(8, None, Some(60)));
+        assert_eq!(index.len(), 1 + 2 * CHUNK + 1);
+        assert_eq!(index.pop_due(100), Some(due(0, 2, "other")));
+        for id in 100..100 + 2 * CHUNK as u64 {
+            assert_eq!(index.pop_due(100).map(|d| d.id), Some(id));
+        }
+        assert!(index.forget(8, None, Some(70)));
+        assert!(index.is_empty());
+        assert!(index.queue.chunks.is_empty());
+    }
+
+    #[test]
+    fn an_entry_inserted_again_at_its_time_names_the_new_place() {
+        let mut index = LeaseIndex::new();
+        index.insert(5, 0, 1, b"before");
+        index.insert(5, 3, 1, b"after");
+        assert_eq!(index.len(), 1);
+        assert_eq!(index.pop_due(5), Some(due(3, 1, "after")));
     }
 
     #[test]

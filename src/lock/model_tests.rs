@@ -480,6 +480,7 @@ fn walk(seed: u64, steps: usize) {
             } => {
                 let t = TOKENS[token];
                 let request = Request {
+                    provisional: false,
                     token: t,
                     ttl,
                     reentrant,

@@ -54,6 +54,7 @@ impl Request {
             session: self.session,
             delay: self.delay,
             mode: self.mode,
+            provisional: self.sync.is_some_and(|s| s.replicas > 0),
         }
     }
 }

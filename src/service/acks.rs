@@ -8,6 +8,11 @@
 //! up: a new grant is taken back (a replicated release) and the client gets an error, so it never
 //! acts on a grant a failover can lose. Nothing is sent to replicas while the server avoids
 //! replica traffic (CLIENT PAUSE, a failover in progress); answers wait until it is over.
+//!
+//! A reply that promised a lease is never taken back: a grant is provisional until its token
+//! refreshes or renews it (a retried ACQUIRE after a lost reply, a RENEW, with or without SYNC),
+//! and only a provisional grant is taken back (see `Holder::provisional`). Its own SYNC client
+//! then hears that the grant was kept but is not acknowledged.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -27,7 +32,7 @@ use crate::lock::queues::{Ending, SyncRequest};
 use crate::lock::KeyRef;
 use crate::metrics;
 use crate::service::change::{change, reclaim_if_due};
-use crate::service::value::in_key_mut;
+use crate::service::value::{in_key, in_key_mut};
 use crate::service::waiters;
 
 /// How often unacknowledged changes ask the replicas again.
@@ -97,18 +102,54 @@ pub fn track(
     arm(ctx);
 }
 
-/// The client of waiter `id` is gone or its wait ended (its WAIT timeout, CLIENT UNBLOCK) before
-/// the replicas acknowledged: an unconfirmed new grant is taken back on the next run. Returns
-/// the error to answer with, when `id` was waiting for replicas.
-pub fn abandon(id: u64) -> Option<LockError> {
-    let mut pending = pending();
-    let p = pending.iter_mut().find(|p| p.id == id && !p.abandoned)?;
-    p.abandoned = true;
+/// The client of waiter `id` is gone before the replicas acknowledged: an unconfirmed new grant
+/// is taken back on the next run (unless its token made it firm meanwhile).
+pub fn abandon(id: u64) {
+    if let Some(p) = pending().iter_mut().find(|p| p.id == id && !p.abandoned) {
+        p.abandoned = true;
+    }
+}
+
+/// The wait of waiter `id` ended (its WAIT timeout, CLIENT UNBLOCK) before the replicas
+/// acknowledged: as [`abandon`], and the error to answer with, when `id` was waiting for
+/// replicas. A grant still provisional now is taken back on the next run; a firm one stays.
+pub fn abandon_answer(ctx: &Context, id: u64) -> Option<LockError> {
+    let (key, grant, sync) = {
+        let mut pending = pending();
+        let p = pending.iter_mut().find(|p| p.id == id && !p.abandoned)?;
+        p.abandoned = true;
+        let grant = match &p.confirms {
+            Confirms::Grant { token, fence } => Some((token.clone(), *fence)),
+            Confirms::Change => None,
+        };
+        (p.key.clone(), grant, p.sync)
+    };
+    // Told undone unless it stands for good: a provisional grant may still be made firm before
+    // the next run, which keeps it (the safe way round: the client was told not to rely on it).
+    let undone = grant.is_some_and(|(token, fence)| !stands(ctx, &key, &token, fence, true));
     Some(LockError::NotAcknowledged {
-        undone: matches!(p.confirms, Confirms::Grant { .. }),
-        replicas: p.sync.replicas,
-        timeout_ms: p.sync.timeout_ms,
+        undone,
+        replicas: sync.replicas,
+        timeout_ms: sync.timeout_ms,
     })
+}
+
+/// True when `token` still holds the lock under `key` with the grant `fence` (and, with
+/// `firm`, that grant is no longer provisional).
+fn stands(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, firm: bool) -> bool {
+    let original = selected_db(ctx);
+    let mut stands = false;
+    if select_db(ctx, *db) {
+        let handle = ctx.open_key(&key_string(ctx, key));
+        if let Ok(Some(stored)) = in_key(&handle) {
+            stands = stored
+                .lock()
+                .live_holders(now_ms())
+                .any(|(f, h)| f == fence && *h.token == *token && !(firm && h.provisional));
+        }
+    }
+    select_db(ctx, original);
+    stands
 }
 
 enum Outcome {
@@ -184,7 +225,9 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
             let undone = match &p.confirms {
                 Confirms::Grant { token, fence } => {
                     take_back(ctx, &p.key, token, *fence, now);
-                    true
+                    // Undone unless its token made it firm: taken back now, or already ended
+                    // (released, expired, forced).
+                    !stands(ctx, &p.key, token, *fence, false)
                 }
                 Confirms::Change => false,
             };
@@ -201,7 +244,8 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
     }
 }
 
-/// Takes back an unacknowledged grant, as a release by its holder (announced, replicated).
+/// Takes back an unacknowledged grant, as a release by its holder (announced, replicated), when
+/// it is still provisional.
 fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u64) {
     let original = selected_db(ctx);
     if select_db(ctx, *db) {

@@ -12,7 +12,6 @@ use crate::lock::codec::State;
 use crate::lock::core::{Acquire, Lock, Mode, Refused, Request};
 use crate::lock::event::Event;
 use crate::lock::floor;
-use crate::lock::lease_index::short_id;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
 use crate::service::value::{in_key, in_key_mut, Stored, APPLY, LOCK_TYPE};
@@ -134,13 +133,12 @@ pub fn reclaim_if_due(
         waiters::signal_ready(ctx, key_name);
         return false;
     }
-    let (id, indexed) = (stored.id(), stored.indexed());
     let state = State::of(Event::Reclaim, stored.lock());
     // The value is freed by the deletion: nothing may use `stored` from here on.
     if key.delete().is_err() {
         return false;
     }
-    effects::announce_deleted(ctx, key_name, id, indexed);
+    effects::announce_deleted(ctx, key_name);
     keys::replicate_key_state(ctx, APPLY, key_name, state.as_bytes(), None);
     metrics::RECLAIMED.incr();
     true
@@ -148,12 +146,12 @@ pub fn reclaim_if_due(
 
 /// The lease index's entry for the lock under `key` (in the selected db) came due: expires it if
 /// its lease has run out, reclaims it if it is free and its tombstone time is up. Only while it
-/// is still the value with (short) id `id`: another lock under this name has an entry of its own.
+/// is still the value with id `id`: another lock under this name has an entry of its own.
 /// `queued`: the entry was its queued reclaim.
 pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, now: u64) {
     let key = ctx.open_key_writable(key_name);
     match in_key_mut(&key) {
-        Ok(Some(stored)) if short_id(stored.id()) == id => {
+        Ok(Some(stored)) if stored.id() == id => {
             // Its entry is gone; whatever is due later gets a new one.
             stored.entry_came_due(queued);
             expire_overdue(ctx, key_name, stored, now);
@@ -171,15 +169,14 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, n
     }
 }
 
-/// Gives the lock under `key` (in the selected db), which arrived there without a grant, an
-/// entry of its own in the lease index (one under its former name, if any, finds no lock with
-/// its id there and is dropped). Looks without touching the key (see `keys::open_quietly`): it
-/// runs for keys that may not be locks at all.
+/// Points the lease index at the lock under `key` (in the selected db), which arrived there
+/// without a grant: renamed or moved (its entries now name this place), copied or restored (it
+/// gets entries of its own). Looks without touching the key (see `keys::open_quietly`): it runs
+/// for keys that may not be locks at all.
 pub fn index_arrived(ctx: &Context, key_name: &RedisString) {
     let key = keys::open_quietly(ctx, key_name);
     if let Ok(Some(stored)) = in_key_mut(&key) {
-        stored.unindexed();
-        leases::follow(ctx, stored, key_name.as_slice());
+        leases::arrived(ctx, stored, key_name.as_slice());
     }
 }
 

@@ -29,31 +29,43 @@ use crate::service::multi::{macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 
-/// Declares a unit type per command whose `Command::run` is the given handler.
+/// Declares a unit type per command whose `Command::run` is the given handler, and for the
+/// commands that carry a token, what a failed call redacts (`Command::secret_on_error`).
 macro_rules! commands {
-    ($($name:ident => $handler:ident),* $(,)?) => {$(
+    ($($name:ident => $handler:ident $(, secrets: $secrets:path)?;)*) => {$(
         pub struct $name;
         impl Command for $name {
             fn run(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 $handler(ctx, args)
             }
+            $(
+                fn secret_on_error(args: &[RedisString]) -> Vec<usize> {
+                    $secrets(args)
+                }
+            )?
         }
     )*};
 }
 
 commands! {
-    LockAcquire => acquire,
-    LockRelease => release,
-    LockRenew => renew,
-    LockFence => fence,
-    LockWait => wait,
-    LockInfo => info,
-    LockForceRelease => force_release,
-    LockApply => apply,
-    LockFloor => floor_cmd,
-    LockGuard => guard,
-    LockMacquire => macquire,
-    LockMrelease => mrelease,
+    LockAcquire => acquire, secrets: after_the_first;
+    LockRelease => release, secrets: after_the_first;
+    LockRenew => renew, secrets: after_the_first;
+    LockFence => fence;
+    LockWait => wait;
+    LockInfo => info;
+    LockForceRelease => force_release;
+    LockApply => apply;
+    LockFloor => floor_cmd;
+    LockGuard => guard, secrets: crate::service::guard::secrets;
+    LockMacquire => macquire, secrets: after_the_first;
+    LockMrelease => mrelease, secrets: after_the_first;
+}
+
+/// A failed call of a command with a token: anything after its first argument (the key, or
+/// numkeys, whose keys end nowhere certain when it is wrong) may be the token.
+fn after_the_first(args: &[RedisString]) -> Vec<usize> {
+    (2..args.len()).collect()
 }
 
 // Redis 7.0 routes a module command in a cluster by its legacy key range or its getkeys-api,
@@ -98,6 +110,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         session: options.session,
         delay: options.delay(),
         mode: options.mode(),
+        provisional: options.sync.is_some_and(|s| s.replicas > 0),
     };
     // The grant's outcome, and the id of the lock value it concerns.
     let (outcome, lock_id) = match in_key_mut(&key)? {
@@ -351,12 +364,28 @@ fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let timeout = args::timeout(timeout)?;
     let now = now_ms();
     let key = ctx.open_key(key_name);
-    // The wait is for every current holder to go: those with a fence up to the key's latest.
-    let held = in_key(&key)?.and_then(|s| s.lock().is_held(now).then_some(s.lock().fence));
-    match held {
+    // The wait is for every current holder to go (those with a fence up to the key's latest),
+    // and for a running lock-delay to end: until then nobody can take the lock.
+    let (busy, delay_ttl) = match in_key(&key)? {
+        Some(stored) => {
+            let lock = stored.lock();
+            let delay_ttl = lock.delay_ttl(now);
+            (
+                (lock.is_held(now) || delay_ttl.is_some()).then_some(lock.fence),
+                delay_ttl,
+            )
+        }
+        None => (None, None),
+    };
+    match busy {
         None => Ok(RedisValue::Integer(1)),
         Some(fence) if may_block(ctx) => {
-            handoff::block(ctx, key_name, timeout, Kind::Watch { fence })
+            let blocked = handoff::block(ctx, key_name, timeout, Kind::Watch { fence });
+            if let Some(left) = delay_ttl {
+                let key = waiters::key_ref(ctx, key_name);
+                waiters::watch_delay_end(ctx, key, now.saturating_add(left));
+            }
+            blocked
         }
         Some(_) => Ok(RedisValue::Integer(0)),
     }
@@ -462,12 +491,10 @@ fn applied(
 
 /// The primary deleted a free lock: so does the replica (or the AOF replay).
 fn apply_reclaim(ctx: &Context, key: &RedisKeyWritable, key_name: &RedisString) -> CommandResult {
-    if let Some(stored) = in_key_mut(key)? {
-        let (id, indexed) = (stored.id(), stored.indexed());
-        // The value is freed by the deletion: nothing may use `stored` from here on.
+    if in_key_mut(key)?.is_some() {
         key.delete()
             .map_err(|_| LockError::internal("a reclaimed lock could not be deleted"))?;
-        effects::announce_deleted(ctx, key_name, id, indexed);
+        effects::announce_deleted(ctx, key_name);
         if !is_loading(ctx) {
             metrics::RECLAIMED.incr();
         }

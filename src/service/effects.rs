@@ -31,13 +31,11 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
     leases::follow(ctx, stored, key.as_slice());
 }
 
-/// Tells the rest of the server that the lock under `key` (id `id`, with its lease index entry
-/// at `indexed`, see `Stored::indexed`) was deleted by the module, as DEL would: WATCH
-/// invalidation, the `del` event, and its entry leaves the lease index.
-pub fn announce_deleted(ctx: &Context, key: &RedisString, id: u64, indexed: Option<u64>) {
+/// Tells the rest of the server that the lock under `key` was deleted by the module, as DEL
+/// would: WATCH invalidation and the `del` event. (Its lease index entries left with its value.)
+pub fn announce_deleted(ctx: &Context, key: &RedisString) {
     keys::signal_modified(ctx, key);
     keys::notify(ctx, NotifyEvent::GENERIC, c"del", key);
-    leases::forget(ctx, id, key.as_slice(), indexed);
 }
 
 /// On the primary: announces a change and sends it to replicas and the AOF.

@@ -50,6 +50,22 @@ pub fn guard(ctx: &Context, args: &[RedisString]) -> CommandResult {
     Ok(reply_with(ctx, &reply))
 }
 
+/// A failed call: a fence that is no integer may be a token put there by mistake, and a guarded
+/// LOCK.* command (always refused) carries its own token somewhere among its arguments.
+pub fn secrets(args: &[RedisString]) -> Vec<usize> {
+    let mut secrets = Vec::new();
+    if args.get(2).is_some_and(|fence| args::fence(fence).is_err()) {
+        secrets.push(2);
+    }
+    if args
+        .get(INNER)
+        .is_some_and(|name| is_lock_command(name.as_slice()))
+    {
+        secrets.extend(INNER + 1..args.len());
+    }
+    secrets
+}
+
 /// The keys of a LOCK.GUARD call: the lock's key (read), then the guarded command's own, as
 /// the server finds them for that command.
 pub fn keys(ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {

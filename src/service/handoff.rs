@@ -142,7 +142,7 @@ impl OnKey for Handoff {
     /// was cancelled by `CLIENT UNBLOCK`.
     fn ended(ctx: &Context, tag: &Tag) -> CommandResult {
         let was_head = heads_a_queue(tag);
-        let answer = end(tag);
+        let answer = end(ctx, tag);
         settle_others(ctx, tag, was_head);
         answer
     }
@@ -163,7 +163,7 @@ impl OnKey for Handoff {
 
 /// The answer to a wait that ended without a grant: a watcher woken, a waiter displaced or
 /// answered by the module, or a timeout (or CLIENT UNBLOCK).
-fn end(tag: &Tag) -> CommandResult {
+fn end(ctx: &Context, tag: &Tag) -> CommandResult {
     match waiters::queues().take_woken(tag.id) {
         Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
         Some(Ending::Displaced) => return Err(LockError::Displaced),
@@ -171,8 +171,8 @@ fn end(tag: &Tag) -> CommandResult {
         None => {}
     }
     // The wait ended (its WAIT timeout, CLIENT UNBLOCK) while replicas had not yet
-    // acknowledged the grant: it is taken back.
-    if let Some(error) = acks::abandon(tag.id) {
+    // acknowledged the grant: it is taken back (unless its token made it firm).
+    if let Some(error) = acks::abandon_answer(ctx, tag.id) {
         return Err(error);
     }
     waiters::remove(tag);
@@ -458,6 +458,7 @@ fn exclusive(token: &[u8]) -> core::Request<'_> {
         session: false,
         delay: 0,
         mode: Mode::Exclusive,
+        provisional: false,
     }
 }
 

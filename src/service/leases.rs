@@ -90,12 +90,29 @@ pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
     stored.indexed_at(at);
 }
 
-/// The lock `id` under `key` (in the selected db), with its B-tree entry at `indexed` (see
-/// `Stored::indexed`), was deleted: that entry goes too (a queued reclaim finds no lock).
-pub fn forget(ctx: &Context, id: u64, key: &[u8], indexed: Option<u64>) {
-    if indexed.is_some() {
-        reindex(ctx, id, selected_db(ctx), key, indexed, None);
+/// The value of lock `id` is being freed, by whatever removed it (DEL, an overwrite, eviction,
+/// a flush, the module's own reclaim), possibly on a lazy-free thread: its B-tree entry at `at`
+/// and its reclaim queued at `queued` leave the index.
+pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>) {
+    leases().index.forget(id, at, queued);
+}
+
+/// The lock `stored` now lives under `key` in the selected db, without a grant (RENAME, MOVE,
+/// COPY, RESTORE): its entries name the new place, and it comes due in time.
+pub fn arrived(ctx: &Context, stored: &Stored, key: &[u8]) {
+    let db = selected_db(ctx);
+    {
+        let mut leases = leases();
+        if let Some(at) = stored.indexed() {
+            // Same time and id: the entry's place is replaced.
+            leases.index.insert(at, db, stored.id(), key);
+        }
+        if let Some(queued) = stored.queued_reclaim() {
+            leases.index.forget(stored.id(), None, Some(queued));
+            stored.reclaim_unqueued();
+        }
     }
+    follow(ctx, stored, key);
 }
 
 /// Adds an entry (a lock that arrived without a grant: RENAME, MOVE, COPY, RESTORE).
@@ -126,6 +143,11 @@ pub fn arm_next(ctx: &Context, at: Option<u64>) {
 /// True when no lease is indexed.
 pub fn is_empty() -> bool {
     leases().index.is_empty()
+}
+
+/// The number of entries in the index (`INFO lock`: at most two per lock key).
+pub fn entries() -> usize {
+    leases().index.len()
 }
 
 /// Forgets the entries of one database, or all for `None` (FLUSHDB / FLUSHALL).

@@ -42,6 +42,13 @@ pub struct Info;
 impl Section for Info {
     fn fields() -> Vec<(&'static str, i64)> {
         let mut fields = metrics::fields();
+        // Beside the gauges: the lease index's entries, at most two per lock key.
+        let entries = i64::try_from(leases::entries()).unwrap_or(i64::MAX);
+        let after_gauges = fields
+            .iter()
+            .position(|(name, _)| *name == "keys")
+            .map_or(0, |i| i + 1);
+        fields.insert(after_gauges, ("index_entries", entries));
         fields.push((
             "warning_eviction_policy",
             i64::from(safety::eviction_risk()),

@@ -41,11 +41,11 @@ pub fn key_positions(args: &[RedisString]) -> Vec<(usize, u32)> {
 }
 
 /// `numkeys key [key ...]` at the start of `args` (after the command name): the keys, and the
-/// arguments after them. `after` is how many arguments must follow the keys.
-fn counted_keys(
-    args: &[RedisString],
-    after: usize,
-) -> Result<(&[RedisString], &[RedisString]), LockError> {
+/// arguments after them. `after` names the arguments that must follow the keys (`["token"]`).
+fn counted_keys<'a>(
+    args: &'a [RedisString],
+    after: &'static [&'static str],
+) -> Result<(&'a [RedisString], &'a [RedisString]), LockError> {
     let bad = |detail| LockError::BadInteger {
         name: "numkeys",
         detail,
@@ -61,8 +61,12 @@ fn counted_keys(
     if count > MAX_KEYS {
         return Err(bad("more than 1024 keys"));
     }
-    if rest.len() < count + after {
-        return Err(bad("more than the keys given"));
+    if rest.len() < count + after.len() {
+        return Err(LockError::ShortOfKeys {
+            numkeys: count,
+            given: rest.len(),
+            after,
+        });
     }
     let (keys, tail) = rest.split_at(count);
     for (i, key) in keys.iter().enumerate() {
@@ -77,7 +81,7 @@ fn counted_keys(
 /// granted to `token` (or refreshed where the token already holds it) and the reply is their
 /// fences in key order, or nil and nothing changes.
 pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
-    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), 2)?;
+    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), &["token", "ttl-ms"])?;
     let [token, ttl, options @ ..] = rest else {
         return Err(LockError::WrongArity);
     };
@@ -104,6 +108,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         session: options.session,
         delay: options.delay(),
         mode: Mode::Exclusive,
+        provisional: false,
     };
     let opened: Vec<RedisKeyWritable> = keys.iter().map(|k| ctx.open_key_writable(k)).collect();
     // Every key is looked at before any changes: a key of another type refuses the whole call.
@@ -168,7 +173,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
 /// `LOCK.MRELEASE numkeys key [key ...] token`: drops one hold of `token` on each key, as
 /// LOCK.RELEASE would; the reply counts the keys it held.
 pub fn mrelease(ctx: &Context, args: &[RedisString]) -> CommandResult {
-    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), 1)?;
+    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), &["token"])?;
     let [token] = rest else {
         return Err(LockError::WrongArity);
     };

@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::ffi::CStr;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use redis_module::key::{RedisKey, RedisKeyWritable};
 use redis_module::native_types::RedisType;
@@ -28,6 +29,18 @@ pub const APPLY: &CStr = c"LOCK.APPLY";
 
 /// The next lock id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What takes a value's entries out of the lease index when the value is freed: its id, the
+/// time of its B-tree entry, the time of its queued reclaim. Installed at load (the index is a
+/// layer above); it may be called from a lazy-free thread.
+pub type ForgetEntries = fn(u64, Option<u64>, Option<u64>);
+
+static FORGET_ENTRIES: OnceLock<ForgetEntries> = OnceLock::new();
+
+/// Installs what a freed value calls to leave the lease index (once, at load).
+pub fn set_forget_entries(forget: ForgetEntries) {
+    let _ = FORGET_ENTRIES.set(forget);
+}
 
 /// The value behind a lock key.
 #[derive(Debug)]
@@ -235,9 +248,20 @@ impl Stored {
         });
     }
 
-    /// Forgets every entry (the lock arrived under another name, or the index was rebuilt).
-    pub fn unindexed(&self) {
-        self.index_mark.set(IndexMark::default());
+    /// The time of this lock's queued reclaim, if one is queued: its reclaim time when it was
+    /// queued. (A reclaim postponed or taken over by a new hold since then is not found by it:
+    /// that entry stays until its time, at most `lock.tombstone-ttl` after the release.)
+    pub fn queued_reclaim(&self) -> Option<u64> {
+        if !self.index_mark.get().queued() {
+            return None;
+        }
+        self.reclaim_at().map(|at| at.get().max(1))
+    }
+
+    /// Its queued reclaim was taken out of the index.
+    pub fn reclaim_unqueued(&self) {
+        self.index_mark
+            .set(self.index_mark.get().with_queued(false));
     }
 
     pub fn lock(&self) -> &Lock {
@@ -294,11 +318,19 @@ impl Stored {
     }
 }
 
+/// Whatever frees the value (DEL, an overwrite, eviction, a flush, a reclaim; perhaps on a
+/// lazy-free thread), the gauges and the lease index let go of it here.
 impl Drop for Stored {
     fn drop(&mut self) {
         metrics::KEYS.add(-1);
         if self.lock.has_holders() {
             metrics::HELD.add(-1);
+        }
+        let mark = self.index_mark.get();
+        if mark != IndexMark::default() {
+            if let Some(forget) = FORGET_ENTRIES.get() {
+                forget(self.id, mark.at(), self.queued_reclaim());
+            }
         }
     }
 }
@@ -473,6 +505,7 @@ mod tests {
         Lock {
             fence: 1,
             holder: Some(Holder {
+                provisional: false,
                 token: (*b"t").into(),
                 deadline,
                 holds: 1,

@@ -13,19 +13,22 @@
 //!
 //! All of this runs on the main thread; the mutexes only satisfy `static`.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{Context, RedisString};
 
 use crate::host::blocking::{self, BlockedClient};
-use crate::host::server::selected_db;
+use crate::host::server::{key_string, now_ms, select_db, selected_db};
+use crate::host::timer::TimerId;
 use crate::host::{in_call, keys, timer};
 use crate::lock::core::Lock;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
 use crate::metrics;
+use crate::service::value::in_key_mut;
 
 static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
     LazyLock::new(|| Mutex::new(Queues::default()));
@@ -126,10 +129,79 @@ pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
     if !anyone_waiting() {
         return;
     }
+    if let Some(left) = lock.delay_ttl(now) {
+        // Nobody holds it, but nobody can take it before the lock-delay ends: a watcher woken
+        // now would find a lock it cannot take. They are looked at again when it ends.
+        if waiting_on(ctx, key) > 0 {
+            watch_delay_end(ctx, key_ref(ctx, key), now.saturating_add(left));
+        }
+        return;
+    }
     let oldest = lock.live_holders(now).map(|(fence, _)| fence).min();
     let woken = queues().take_watchers(selected_db(ctx), key.as_slice(), oldest);
     for watcher in woken {
         end_wait(watcher.id, watcher.handle, Ending::Watched);
+    }
+}
+
+/// Keys whose watchers wait for a lock-delay to end, by its end, and the timer armed for the
+/// earliest (its id and time). Kept here rather than left to the lease timer, which expires
+/// nothing on a replica, where LOCK.WAIT works too.
+struct DelayEnds {
+    ends: BTreeSet<(u64, KeyRef)>,
+    armed: Option<(TimerId, u64)>,
+}
+
+static DELAY_ENDS: Mutex<DelayEnds> = Mutex::new(DelayEnds {
+    ends: BTreeSet::new(),
+    armed: None,
+});
+
+/// Looks at the watchers of `key` again at `at` (a lock-delay's end).
+pub fn watch_delay_end(ctx: &Context, key: KeyRef, at: u64) {
+    let mut delays = locked(&DELAY_ENDS);
+    delays.ends.insert((at, key));
+    if delays.armed.is_some_and(|(_, fires)| fires <= at) {
+        return;
+    }
+    if let Some((id, _)) = delays.armed.take() {
+        timer::stop(ctx, id);
+    }
+    let delay = at.saturating_sub(now_ms());
+    delays.armed = timer::create(ctx, delay, delays_ended).map(|id| (id, at));
+}
+
+/// The delay timer: wakes the watchers of every lock whose delay has ended, then re-arms.
+fn delays_ended(ctx: &Context) {
+    let now = now_ms();
+    let due: Vec<KeyRef> = {
+        let mut delays = locked(&DELAY_ENDS);
+        delays.armed = None;
+        let later = delays
+            .ends
+            .split_off(&(now.saturating_add(1), (i32::MIN, Box::default())));
+        let due = std::mem::replace(&mut delays.ends, later);
+        due.into_iter().map(|(_, key)| key).collect()
+    };
+    let original = selected_db(ctx);
+    for (db, key) in due {
+        if select_db(ctx, db) {
+            let name = key_string(ctx, &key);
+            let handle = keys::open_quietly(ctx, &name);
+            match in_key_mut(&handle) {
+                Ok(Some(stored)) => wake_watchers(ctx, &name, stored.lock(), now),
+                Ok(None) => wake_watchers(ctx, &name, &Lock::default(), now),
+                Err(_) => {}
+            }
+        }
+    }
+    select_db(ctx, original);
+    let next = locked(&DELAY_ENDS)
+        .ends
+        .first()
+        .map(|(at, key)| (*at, key.clone()));
+    if let Some((at, key)) = next {
+        watch_delay_end(ctx, key, at);
     }
 }
 

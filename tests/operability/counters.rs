@@ -1,7 +1,7 @@
 //! `INFO lock` counters after scripted sequences.
 
 use crate::common::*;
-use crate::{assert_counts, lock_fields, COUNTS, LATENCIES, WARNINGS};
+use crate::{assert_counts, lock_fields, COUNTS, INDEX, LATENCIES, WARNINGS};
 
 use std::collections::BTreeSet;
 
@@ -13,12 +13,13 @@ fn info_lock_has_every_field_at_zero_and_is_part_of_modules_and_everything() {
     let expected: BTreeSet<&str> = COUNTS
         .iter()
         .chain(&LATENCIES)
+        .chain(&INDEX)
         .chain(&WARNINGS)
         .copied()
         .collect();
     assert_eq!(names, expected);
     assert_counts(&server, &[]);
-    for name in LATENCIES {
+    for name in LATENCIES.into_iter().chain(INDEX) {
         assert_eq!(fields[name], 0, "{name}");
     }
 

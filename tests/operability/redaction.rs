@@ -66,7 +66,14 @@ fn assert_log_redacted(log: &Reply) {
     for expected in [
         &["lock.acquire", "k", "(redacted)", "60000"][..],
         &["lock.renew", "k", "(redacted)", "60000"],
-        &["lock.acquire", "k", "(redacted)", "60000", "(redacted)"],
+        // A refused call redacts every argument after the key.
+        &[
+            "lock.acquire",
+            "k",
+            "(redacted)",
+            "(redacted)",
+            "(redacted)",
+        ],
         &["lock.release", "k", "(redacted)"],
     ] {
         assert!(
@@ -106,7 +113,7 @@ fn monitor_shows_lock_commands_without_the_token() {
     for expected in [
         r#""lock.acquire" "k" "(redacted)" "60000""#,
         r#""lock.renew" "k" "(redacted)" "60000""#,
-        r#""lock.acquire" "k" "(redacted)" "60000" "(redacted)""#,
+        r#""lock.acquire" "k" "(redacted)" "(redacted)" "(redacted)""#,
         r#""lock.release" "k" "(redacted)""#,
     ] {
         assert!(
@@ -234,4 +241,224 @@ fn replica_monitor_never_shows_the_token() {
         lines.iter().all(|l| !l.contains(&TOKEN.to_lowercase())),
         "token in the replica's MONITOR: {lines:#?}"
     );
+}
+
+/// Every malformed shape of every command that carries a token, each with [`TOKEN`] somewhere
+/// in it: wrong counts, swapped or missing arguments, bad options, a key of another type, a
+/// guarded LOCK.* command. Whatever the error, the token shows nowhere.
+fn malformed_calls() -> Vec<Vec<String>> {
+    let t = TOKEN;
+    let long = format!("{TOKEN}{}", "x".repeat(300));
+    let shapes: Vec<Vec<&str>> = vec![
+        // LOCK.ACQUIRE key token ttl-ms [options]
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "BOGUS"],
+        vec!["LOCK.ACQUIRE", "k", "1000", t],
+        vec!["LOCK.ACQUIRE", "k", t, "soon"],
+        vec!["LOCK.ACQUIRE", "k", t, "0"],
+        vec!["LOCK.ACQUIRE", "k", t, "-5"],
+        vec!["LOCK.ACQUIRE", "k", t, "99999999999999"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "WAIT"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "WAIT", t],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "SESSION", "SESSION"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "SYNC", "1"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "SYNC", t, "10"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "LOCKDELAY", "-1"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "LIMIT", "2", "LIMIT", "3"],
+        vec!["LOCK.ACQUIRE", "k", t, "1000", "LIMIT", "0"],
+        vec!["LOCK.ACQUIRE", "k", "other", "1000", t],
+        vec!["LOCK.ACQUIRE", "k", "other", "1000", "SESSION", t],
+        vec!["LOCK.ACQUIRE", "k", &long, "1000"],
+        vec!["LOCK.ACQUIRE", "string", t, "1000"],
+        vec!["LOCK.ACQUIRE", t],
+        // LOCK.RELEASE key token
+        vec!["LOCK.RELEASE", "string", t],
+        vec!["LOCK.RELEASE", "k", t, "extra"],
+        vec!["LOCK.RELEASE", "k", &long],
+        // LOCK.RENEW key token ttl-ms [SYNC n ms]
+        vec!["LOCK.RENEW", "k", t, "soon"],
+        vec!["LOCK.RENEW", "k", "1000", t],
+        vec!["LOCK.RENEW", "k", t, "0"],
+        vec!["LOCK.RENEW", "k", t, "1000", "BOGUS"],
+        vec!["LOCK.RENEW", "k", t, "1000", "SYNC"],
+        vec!["LOCK.RENEW", "k", t, "1000", "WAIT", "5"],
+        vec!["LOCK.RENEW", "string", t, "1000"],
+        // LOCK.MACQUIRE numkeys key [key ...] token ttl-ms [options]
+        vec!["LOCK.MACQUIRE", "2", "a", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "3", "a", "b", t, "1000"],
+        vec!["LOCK.MACQUIRE", "1", "a", "b", t, "1000"],
+        vec!["LOCK.MACQUIRE", "0", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "-1", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "x", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "1025", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "2", "a", t, "1000"],
+        vec!["LOCK.MACQUIRE", "1", "a", t],
+        vec!["LOCK.MACQUIRE", "1", "a", t, "1000", "REENTRANT"],
+        vec!["LOCK.MACQUIRE", "1", "a", t, "1000", "SYNC", "1", "10"],
+        vec!["LOCK.MACQUIRE", "1", "a", t, "1000", "BOGUS"],
+        vec!["LOCK.MACQUIRE", "1", "a", t, "soon"],
+        vec!["LOCK.MACQUIRE", "1", "string", t, "1000"],
+        vec!["LOCK.MACQUIRE", "1", "a", &long, "1000"],
+        // LOCK.MRELEASE numkeys key [key ...] token
+        vec!["LOCK.MRELEASE", "2", "a", "a", t],
+        vec!["LOCK.MRELEASE", "2", "a", t],
+        vec!["LOCK.MRELEASE", "3", "a", "b", t],
+        vec!["LOCK.MRELEASE", "0", "a", t],
+        vec!["LOCK.MRELEASE", "x", "a", t],
+        vec!["LOCK.MRELEASE", "1", "a", t, "extra"],
+        vec!["LOCK.MRELEASE", "1", "string", t],
+        // LOCK.GUARD key fence command [arg ...]
+        vec!["LOCK.GUARD", "k", t, "SET", "x", "y"],
+        vec!["LOCK.GUARD", "k", "1", "LOCK.RELEASE", "k", t],
+        vec!["LOCK.GUARD", "k", "x", "LOCK.ACQUIRE", "k", t, "1000"],
+        vec![
+            "LOCK.GUARD",
+            "k",
+            "1",
+            "LOCK.GUARD",
+            "k",
+            "1",
+            "LOCK.RENEW",
+            "k",
+            t,
+            "1000",
+        ],
+        vec!["LOCK.GUARD", "k", "1", "lock.mrelease", "1", "k", t],
+    ];
+    shapes
+        .into_iter()
+        .map(|shape| shape.into_iter().map(str::to_string).collect())
+        .collect()
+}
+
+/// Sends every malformed call (each must be refused with an error), directly, inside MULTI and
+/// from a script.
+fn send_malformed(c: &mut Conn) {
+    assert_eq!(c.call(&["SET", "string", "v"]), Reply::status("OK"));
+    for call in malformed_calls() {
+        let reply = c.call(&call);
+        assert!(reply.is_error(), "{call:?} answered {reply:?}");
+        assert!(
+            !reply.contains_bytes(TOKEN.as_bytes()),
+            "{call:?}: {reply:?}"
+        );
+    }
+    for call in malformed_calls() {
+        assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+        let queued = c.call(&call);
+        let exec = c.call(&["EXEC"]);
+        assert!(
+            queued.is_error() || exec.items().first().is_some_and(Reply::is_error),
+            "{call:?} in MULTI: {queued:?} then {exec:?}"
+        );
+        assert!(!exec.contains_bytes(TOKEN.as_bytes()), "{call:?}: {exec:?}");
+    }
+}
+
+#[test]
+fn no_malformed_call_shows_the_token_in_monitor_slowlog_commandlog_or_the_log() {
+    let server = Server::start_with(Config::default().with("loglevel", "verbose"));
+    let mut c = server.conn();
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+        Reply::status("OK")
+    );
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "slowlog-max-len", "10000"]),
+        Reply::status("OK")
+    );
+    let commandlog = server.identity().commandlog();
+    if commandlog {
+        for config in [
+            "commandlog-execution-slower-than",
+            "commandlog-slow-execution-max-len",
+        ] {
+            let value = if config.ends_with("than") {
+                "0"
+            } else {
+                "10000"
+            };
+            assert_eq!(
+                c.call(&["CONFIG", "SET", config, value]),
+                Reply::status("OK"),
+                "{config}"
+            );
+        }
+    }
+    let mut monitor = server.conn();
+    assert_eq!(monitor.call(&["MONITOR"]), Reply::status("OK"));
+    send_malformed(&mut c);
+    assert_eq!(
+        c.call(&["ECHO", "end-of-malformed"]),
+        Reply::bulk("end-of-malformed")
+    );
+    let lines = monitor_until(&mut monitor, "end-of-malformed");
+    let leaked: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains(&TOKEN.to_lowercase()))
+        .collect();
+    assert!(leaked.is_empty(), "token in MONITOR: {leaked:#?}");
+    // The calls did show (redacted), so the checks above looked at them.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(r#""lock.mrelease" "2" "(redacted)""#)),
+        "{lines:#?}"
+    );
+    let slowlog = c.call(&["SLOWLOG", "GET", "-1"]);
+    assert!(
+        slowlog.items().len() > malformed_calls().len(),
+        "{slowlog:?}"
+    );
+    let leaked: Vec<&Reply> = slowlog
+        .items()
+        .iter()
+        .filter(|entry| entry.contains_bytes(TOKEN.as_bytes()))
+        .collect();
+    assert!(leaked.is_empty(), "token in SLOWLOG: {leaked:#?}");
+    if commandlog {
+        let log = c.call(&["COMMANDLOG", "GET", "-1", "slow"]);
+        assert!(log.items().len() > malformed_calls().len(), "{log:?}");
+        assert!(
+            !log.contains_bytes(TOKEN.as_bytes()),
+            "token in COMMANDLOG: {log:?}"
+        );
+    }
+    assert!(!server.log().contains(TOKEN), "token in the server log");
+}
+
+#[test]
+fn a_refused_call_redacts_everything_after_its_first_argument_and_a_good_one_only_its_token() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let mut monitor = server.conn();
+    assert_eq!(monitor.call(&["MONITOR"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["LOCK.MRELEASE", "2", "a", TOKEN]),
+        Reply::error(
+            "ERR invalid numkeys: 2 key(s) then the token need 3 arguments after numkeys, 2 \
+             given (the token left out, or numkeys too large?)"
+        )
+    );
+    assert_eq!(
+        c.call(&["LOCK.MACQUIRE", "2", "a", "b", TOKEN, "1000"]),
+        Reply::Array(vec![
+            Reply::Int(fence_of(&mut c, "a")),
+            Reply::Int(fence_of(&mut c, "b"))
+        ])
+    );
+    assert_eq!(
+        c.call(&["LOCK.GUARD", "a", "1", "LOCK.RELEASE", "a", TOKEN]),
+        Reply::error("ERR LOCK.GUARD cannot run this command: it is a LOCK.* command")
+    );
+    let lines = monitor_until(&mut monitor, "\"lock.guard\"");
+    for expected in [
+        r#""lock.mrelease" "2" "(redacted)" "(redacted)""#,
+        r#""lock.macquire" "2" "a" "b" "(redacted)" "1000""#,
+        r#""lock.guard" "a" "1" "lock.release" "(redacted)" "(redacted)""#,
+    ] {
+        assert!(
+            lines.iter().any(|l| l.ends_with(expected)),
+            "{expected} not in {lines:#?}"
+        );
+    }
 }

@@ -1,0 +1,243 @@
+//! A lock value removed by anything other than the module (DEL, UNLINK, a value written over it,
+//! RESTORE REPLACE, RENAME or COPY onto it, FLUSHDB/FLUSHALL, eviction, a native TTL, lazy
+//! freeing) leaves nothing of itself in the module: its lease index entries go with the value,
+//! so "acquire, work, DEL" keeps memory flat whatever lease it asked for.
+
+mod common;
+
+use common::*;
+
+/// A lease far longer than any test: an entry left behind would stay for the whole run.
+const DAY_MS: &str = "86400000";
+
+fn entries(server: &Server) -> i64 {
+    server.info_int("lock_index_entries")
+}
+
+/// Sends `rounds` pipelined rounds of `commands(i)` and checks every reply with `check`.
+fn pipeline(c: &mut Conn, rounds: usize, commands: impl Fn(usize) -> Vec<Vec<String>>) {
+    const BATCH: usize = 500;
+    let mut start = 0;
+    while start < rounds {
+        let end = (start + BATCH).min(rounds);
+        let mut sent = 0;
+        for i in start..end {
+            for command in commands(i) {
+                c.send(&command);
+                sent += 1;
+            }
+        }
+        for _ in 0..sent {
+            let reply = c.read();
+            assert!(!reply.is_error(), "{reply:?}");
+        }
+        start = end;
+    }
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn used_memory(server: &Server) -> i64 {
+    server.info_int("used_memory")
+}
+
+#[test]
+fn acquire_then_del_keeps_memory_flat_whatever_the_lease() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let round = |_: usize| {
+        vec![
+            args(&["LOCK.ACQUIRE", "job:lock", "tok", DAY_MS]),
+            args(&["DEL", "job:lock"]),
+        ]
+    };
+    // Warm up whatever the server allocates once (its reply buffers, the dict, the index's root).
+    pipeline(&mut c, 2_000, round);
+    let before = used_memory(&server);
+    pipeline(&mut c, 50_000, round);
+    let after = used_memory(&server);
+    assert_eq!(c.call(&["DBSIZE"]), Reply::Int(0));
+    assert_eq!(server.info_int("lock_keys"), 0);
+    // An entry left per round was 76 bytes or more (3.8 MB here).
+    assert!(
+        after - before < 256 * 1024,
+        "used_memory grew by {} bytes over 50,000 rounds of ACQUIRE + DEL",
+        after - before
+    );
+    assert_eq!(entries(&server), 0);
+}
+
+/// Takes `rounds` locks named `prefix:i` with a day-long lease, removes each with `remove(i)`,
+/// and checks that neither lock keys nor index entries remain.
+fn each_removal_leaves_no_entry(
+    server: &Server,
+    c: &mut Conn,
+    what: &str,
+    remove: impl Fn(usize) -> Vec<Vec<String>>,
+) {
+    const ROUNDS: usize = 300;
+    pipeline(c, ROUNDS, |i| {
+        let key = format!("{what}:{i}");
+        let mut commands = vec![args(&["LOCK.ACQUIRE", &key, "tok", DAY_MS])];
+        commands.extend(remove(i));
+        commands
+    });
+    wait_for(&format!("no lock key left after {what}"), || {
+        (server.info_int("lock_keys") == 0).then_some(())
+    });
+    assert_eq!(entries(server), 0, "index entries left after {what}");
+}
+
+#[test]
+fn every_way_of_removing_a_lock_value_takes_its_index_entry_along() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let key = |what: &str, i: usize| format!("{what}:{i}");
+    each_removal_leaves_no_entry(&server, &mut c, "del", |i| {
+        vec![args(&["DEL", &key("del", i)])]
+    });
+    each_removal_leaves_no_entry(&server, &mut c, "unlink", |i| {
+        vec![args(&["UNLINK", &key("unlink", i)])]
+    });
+    each_removal_leaves_no_entry(&server, &mut c, "set", |i| {
+        vec![
+            args(&["SET", &key("set", i), "a string now"]),
+            args(&["DEL", &key("set", i)]),
+        ]
+    });
+    // A native TTL on the lock key: Redis expires the key itself.
+    each_removal_leaves_no_entry(&server, &mut c, "pexpire", |i| {
+        vec![args(&["PEXPIRE", &key("pexpire", i), "1"])]
+    });
+    // RESTORE REPLACE of another value over the lock.
+    assert_eq!(c.call(&["SET", "s", "v"]), Reply::status("OK"));
+    let Reply::Bulk(dump) = c.call(&["DUMP", "s"]) else {
+        panic!("DUMP of a string");
+    };
+    assert_eq!(c.call(&["DEL", "s"]), Reply::Int(1));
+    for i in 0..300 {
+        let name = key("restore", i);
+        acquire(&mut c, &name, "tok", 86_400_000);
+        let restore = [
+            b"RESTORE".to_vec(),
+            name.clone().into_bytes(),
+            b"0".to_vec(),
+            dump.clone(),
+            b"REPLACE".to_vec(),
+        ];
+        assert_eq!(c.call(&restore), Reply::status("OK"));
+        assert_eq!(c.call(&["DEL", &name]), Reply::Int(1));
+    }
+    assert_eq!(
+        entries(&server),
+        0,
+        "index entries left after RESTORE REPLACE"
+    );
+    each_removal_leaves_no_entry(&server, &mut c, "renamed-onto", |i| {
+        let name = key("renamed-onto", i);
+        vec![
+            args(&["SET", "src", "v"]),
+            args(&["RENAME", "src", &name]),
+            args(&["DEL", &name]),
+        ]
+    });
+    each_removal_leaves_no_entry(&server, &mut c, "copied-onto", |i| {
+        let name = key("copied-onto", i);
+        vec![
+            args(&["SET", "src", "v"]),
+            args(&["COPY", "src", &name, "REPLACE"]),
+            args(&["DEL", "src", &name]),
+        ]
+    });
+    // The lock itself renamed or moved, then deleted under its new name or database.
+    each_removal_leaves_no_entry(&server, &mut c, "renamed", |i| {
+        let name = key("renamed", i);
+        vec![
+            args(&["RENAME", &name, "elsewhere"]),
+            args(&["DEL", "elsewhere"]),
+        ]
+    });
+    each_removal_leaves_no_entry(&server, &mut c, "moved", |i| {
+        let name = key("moved", i);
+        vec![
+            args(&["MOVE", &name, "1"]),
+            args(&["SELECT", "1"]),
+            args(&["DEL", &name]),
+            args(&["SELECT", "0"]),
+        ]
+    });
+    // A released lock (its reclaim is queued) deleted before its tombstone time.
+    each_removal_leaves_no_entry(&server, &mut c, "released", |i| {
+        let name = key("released", i);
+        vec![args(&["LOCK.RELEASE", &name, "tok"]), args(&["DEL", &name])]
+    });
+    // A lock renewed to a later deadline (its entry stays at the earlier one), then deleted.
+    each_removal_leaves_no_entry(&server, &mut c, "renewed", |i| {
+        let name = key("renewed", i);
+        vec![
+            args(&["LOCK.RENEW", &name, "tok", DAY_MS]),
+            args(&["RENAME", &name, "elsewhere"]),
+            args(&["DEL", "elsewhere"]),
+        ]
+    });
+}
+
+#[test]
+fn lazily_freed_and_flushed_locks_take_their_entries_along() {
+    let server = Server::start_with(
+        Config::default()
+            .with("lazyfree-lazy-user-del", "yes")
+            .with("lazyfree-lazy-user-flush", "yes"),
+    );
+    let mut c = server.conn();
+    each_removal_leaves_no_entry(&server, &mut c, "lazy-del", |i| {
+        vec![args(&["DEL", &format!("lazy-del:{i}")])]
+    });
+    for flush in [
+        &["FLUSHDB"][..],
+        &["FLUSHALL"],
+        &["FLUSHALL", "ASYNC"],
+        &["FLUSHDB", "SYNC"],
+    ] {
+        pipeline(&mut c, 1_000, |i| {
+            vec![args(&["LOCK.ACQUIRE", &format!("f:{i}"), "tok", DAY_MS])]
+        });
+        assert_eq!(entries(&server), 1_000);
+        assert_eq!(c.call(flush), Reply::status("OK"));
+        wait_for(&format!("no lock key left after {flush:?}"), || {
+            (server.info_int("lock_keys") == 0).then_some(())
+        });
+        assert_eq!(entries(&server), 0, "index entries left after {flush:?}");
+    }
+}
+
+#[test]
+fn evicted_locks_take_their_entries_along() {
+    let server = Server::start_with(Config::default().with("maxmemory-policy", "allkeys-random"));
+    let mut c = server.conn();
+    pipeline(&mut c, 20_000, |i| {
+        vec![args(&["LOCK.ACQUIRE", &format!("e:{i}"), "tok", DAY_MS])]
+    });
+    assert_eq!(entries(&server), 20_000);
+    // Half the memory the locks take: Redis evicts until it fits.
+    let used = used_memory(&server);
+    let limit = (used - 1_000_000).max(1_000_000).to_string();
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "maxmemory", &limit]),
+        Reply::status("OK")
+    );
+    // Eviction runs before each command: a few writes make room.
+    wait_for("locks to be evicted", || {
+        c.call(&["SET", "nudge", "v"]);
+        (server.info_int("evicted_keys") > 0).then_some(())
+    });
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "maxmemory", "0"]),
+        Reply::status("OK")
+    );
+    let keys = server.info_int("lock_keys");
+    assert!(keys < 20_000, "{keys} lock keys after eviction");
+    assert_eq!(entries(&server), keys);
+}
