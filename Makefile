@@ -101,7 +101,8 @@ debug: deps
 run: release ## Build, then run redis-server in the foreground with the module on PORT (Ctrl-C stops)
 	@mkdir -p data "$(DATA)"  # redis.conf.example names ./data before --dir overrides it
 	@if command -v redis-cli >/dev/null 2>&1 && redis-cli -p $(PORT) ping >/dev/null 2>&1; then \
-		echo "Port $(PORT) is taken (a system Redis?). Use another one: make run PORT=6380"; exit 1; fi
+		next=$$(($(PORT) + 1)); \
+		echo "Port $(PORT) is taken (a system Redis?). Use another port, with a data directory of its own: make run PORT=$$next DATA=data-$$next"; exit 1; fi
 	@echo "Lock module on 127.0.0.1:$(PORT), data in $(DATA). Connect with: redis-cli -p $(PORT)"
 	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) --dir "$(abspath $(DATA))" \
 		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
