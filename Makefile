@@ -198,13 +198,28 @@ CHAOS_RUN = rm -f $(CHAOS_REPORT_FILE); status=0; \
 	echo; echo "== chaos ($(1) scale): per scenario"; cat $(CHAOS_REPORT_FILE) 2>/dev/null; \
 	exit $$status
 
-.PHONY: chaos chaos-ci valgrind redis-suite cluster cluster-stop bench-servers
+.PHONY: chaos chaos-ci soak soak-ci valgrind redis-suite cluster cluster-stop bench-servers
 
 chaos: debug ## Chaos suite at full scale (faults, fenced-store oracle, 1M+ fuzzed commands); prints counts
 	@$(call CHAOS_RUN,full,3000)
 
 chaos-ci: debug ## The reduced chaos suite that CI runs (about 3 minutes)
 	@$(call CHAOS_RUN,ci,300)
+
+# The soak test (tests/soak.rs): SOAK_MINUTES of steady mixed load on a primary with a replica,
+# AOF on both, the release module: every command and option, disconnects, and other clients
+# deleting, renaming, restoring and flushing lock keys. Sampled every few seconds; fails on
+# sustained memory growth (the slope of used_memory over the second half), a stuck waiter, the
+# module's bookkeeping drifting from the keyspace, a replica that differs, or a crash. Prints its
+# figures (memory at start and end, slope, commands, handoff latency over time); SOAK_REPORT=file
+# also writes them there, SOAK_SEED=n repeats a run's random choices.
+SOAK_MINUTES ?= 30
+soak: release ## The soak test: SOAK_MINUTES (default 30) of mixed load with a replica and AOF
+	SOAK_MINUTES=$(SOAK_MINUTES) LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" \
+		$(CARGO) test --release --test soak -- --ignored --nocapture
+
+soak-ci: ## The soak test at CI scale (about 2 minutes)
+	@$(MAKE) --no-print-directory soak SOAK_MINUTES=1.5
 
 # A local Redis Cluster for trying the module out (.ci/cluster): 6 nodes on PORTS (3 primaries,
 # 3 replicas; bus ports +10000), every node with the release module and AOF on, data in
