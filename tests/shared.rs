@@ -207,6 +207,23 @@ fn the_writer_downgrades_without_a_free_moment_and_readers_behind_it_get_in() {
     assert_eq!(lock_field(&mut c, "rw", "mode"), Reply::status("shared"));
     assert_eq!(int_field(&mut c, "rw", "holders"), 2);
     assert_eq!(c.call(&["LOCK.FENCE", "rw", &w.to_string()]), Reply::Int(1));
+    // A REENTRANT hold keeps its count when it turns shared (and a REENTRANT downgrade adds one).
+    for (reentrant, holds) in [(false, 2), (true, 3)] {
+        let key = format!("counted-{reentrant}");
+        let f = acquire(&mut c, &key, "w", 60_000);
+        let again = acquire_with(&mut c, &key, "w", 60_000, &["REENTRANT"]);
+        assert_eq!(again, Reply::Int(f));
+        let mut shared = vec!["SHARED"];
+        if reentrant {
+            shared.push("REENTRANT");
+        }
+        assert_eq!(
+            acquire_with(&mut c, &key, "w", 60_000, &shared),
+            Reply::Int(f)
+        );
+        assert_eq!(lock_field(&mut c, &key, "mode"), Reply::status("shared"));
+        assert_eq!(int_field(&mut c, &key, "holds"), holds, "{key}");
+    }
     // Upgrades are refused outright, with or without WAIT, and change nothing.
     let before = lock_info(&mut c, "rw");
     for extra in [&[][..], &["WAIT", "1000"]] {
