@@ -10,7 +10,11 @@ Every rule here answers a bug seen in client-side locks:
   RENEW was *sent* + ttl): a watchdog that wakes late, or a reply that arrives late, means the lock
   is lost, never renewed back into a second holder; ``check()`` says so too without a watchdog;
 - a lost reply is not a lost grant: ACQUIRE is retried with the same token, which gets its own
-  fence back if the first attempt was granted.
+  fence back if the first attempt was granted;
+- a loss is reported through ``on_lost`` exactly once, by whichever thread sees it first (the
+  watchdog, or the caller's ``lost``/``check()``/``fenced()``/``renew()``/``guarded()``/
+  ``transaction()``/``release()``): ``_mark_lost`` records the first reason, ``_report_loss``
+  hands the report to one thread only, and is never called with ``_mutex`` held.
 """
 
 from __future__ import annotations
@@ -146,6 +150,9 @@ class Lock:
         self._fence: Optional[int] = None
         self._lease_end = 0.0
         self._lost_reason: Optional[str] = None
+        # Guards _lost_reason and _loss_reported: the first reason wins, one thread reports.
+        self._loss_lock = threading.Lock()
+        self._loss_reported = False
         # Held across every renewal round trip: release() takes it after setting _stopping.
         self._mutex = threading.Lock()
         self._stopping = threading.Event()
@@ -167,10 +174,11 @@ class Lock:
 
     @property
     def lost(self) -> bool:
-        """True once the grant is known or presumed gone (see ``LockLost``)."""
-        if self._lost_reason is None and self._token is not None:
-            if time.monotonic() >= self._lease_end:
-                self._lost_reason = "the lease ran out"
+        """True once the grant is known or presumed gone (see ``LockLost``), including as soon
+        as the local lease has run out, without waiting for a call. Reading it when it turns
+        True reports the loss (``on_lost``) if no other thread did."""
+        self._lapsed()
+        self._report_loss()
         return self._lost_reason is not None
 
     @property
@@ -236,13 +244,16 @@ class Lock:
             self._fence = int(reply)
             self._lease_end = sent + self._lease_s
             self._lost_reason = None
+            self._loss_reported = False
             if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
                 # Granted at some moment of a long wait: only "after sent" is known, so the local
                 # lease would be too short. A renewal now sets a lease whose start is known.
                 with self._mutex:
                     reason = self._renew_locked(token, anchored=False)
                 if reason is not None:
+                    # Never handed out: not a loss to report.
                     self._token = None
+                    self._lost_reason = None
                     raise LockNotAcquired(self.key, f"granted, but {reason}")
             if self.watchdog:
                 self._start_watchdog(token)
@@ -251,16 +262,25 @@ class Lock:
     def release(self) -> bool:
         """Stop the watchdog (no renewal is sent after this returns), then release with the
         token. True when the server released this grant; False when it was not held any more
-        (expired, force-released) or was never acquired."""
+        (expired, force-released: a loss, reported through ``on_lost`` if nothing reported it
+        before) or was never acquired."""
         token = self._token
         if token is None:
             return False
-        self._stop_watchdog()
-        self._token = None
+        self._lapsed()
         try:
-            return self._call("LOCK.RELEASE", self.key, token) == 1
+            self._stop_watchdog()
+            self._token = None
+            try:
+                reply, retried = self._call("LOCK.RELEASE", self.key, token)
+            finally:
+                self._lease_end = 0.0
+            # A 0 after a retry may be the answer to our own earlier, unanswered release.
+            if reply != 1 and not retried:
+                self._mark_lost("LOCK.RELEASE found the token no longer holding the lock")
+            return reply == 1
         finally:
-            self._lease_end = 0.0
+            self._report_loss()
 
     def renew(self) -> None:
         """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
@@ -271,6 +291,7 @@ class Lock:
         with self._mutex:
             reason = self._renew_locked(token)
         if reason is not None:
+            self._report_loss()
             raise LockLost(self.key, f"lost: {reason}")
 
     def __enter__(self) -> "Lock":
@@ -306,6 +327,7 @@ class Lock:
             if not str(error).startswith("FENCED"):
                 raise
             reason = self._mark_lost("LOCK.GUARD says the fence is no longer current")
+            self._report_loss()
             raise LockLost(self.key, f"lost: {reason}") from error
 
     def transaction(self, queue: Callable[[Any], None], *keys: Any, attempts: int = 32) -> list:
@@ -321,8 +343,9 @@ class Lock:
                 try:
                     pipe.watch(self.key, *keys)
                     if pipe.execute_command("LOCK.FENCE", self.key, fence) != 1:
-                        self._mark_lost("LOCK.FENCE says the fence is no longer current")
-                        raise LockLost(self.key, f"lost: {self._lost_reason}")
+                        reason = self._mark_lost("LOCK.FENCE says the fence is no longer current")
+                        self._report_loss()
+                        raise LockLost(self.key, f"lost: {reason}")
                     pipe.multi()
                     queue(pipe)
                     return pipe.execute()
@@ -360,14 +383,8 @@ class Lock:
                 reason = self._renew_locked(token)
             if reason is not None:
                 break
-        if reason is None:
-            return
-        log.warning("lock %s lost: %s", _text(self.key), reason)
-        if self.on_lost is not None:
-            try:
-                self.on_lost(self)
-            except Exception:  # noqa: BLE001 - a callback's bug must not kill the report
-                log.exception("on_lost callback of lock %s failed", _text(self.key))
+        if reason is not None:
+            self._report_loss()
 
     def _renew_locked(self, token: bytes, anchored: bool = True) -> Optional[str]:
         """One renewal (with retries while the lease lasts), under ``_mutex``. Returns why the
@@ -397,17 +414,43 @@ class Lock:
             return None
 
     def _mark_lost(self, reason: str) -> str:
-        if self._lost_reason is None:
-            self._lost_reason = reason
-        return self._lost_reason
+        """Records the loss (the first reason wins) and returns the reason recorded. Does not
+        report it: the caller calls ``_report_loss()`` once it holds no lock of ours."""
+        with self._loss_lock:
+            if self._lost_reason is None:
+                self._lost_reason = reason
+            return self._lost_reason
+
+    def _lapsed(self) -> None:
+        """Marks the grant lost when its local lease has run out."""
+        if self._lost_reason is None and self._token is not None:
+            if time.monotonic() >= self._lease_end:
+                self._mark_lost("the lease ran out")
+
+    def _report_loss(self) -> None:
+        """Reports a recorded loss once per grant: logs it and calls ``on_lost`` in this thread,
+        unless another thread already did. Never called with ``_mutex`` held, so ``on_lost`` may
+        call ``release()``."""
+        with self._loss_lock:
+            if self._lost_reason is None or self._loss_reported:
+                return
+            self._loss_reported = True
+            reason = self._lost_reason
+        log.warning("lock %s lost: %s", _text(self.key), reason)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:  # noqa: BLE001 - a callback's bug must not kill the report
+                log.exception("on_lost callback of lock %s failed", _text(self.key))
 
     # ---- plumbing --------------------------------------------------------------------------
 
-    def _call(self, *command: Any) -> Any:
+    def _call(self, *command: Any) -> tuple[Any, bool]:
+        """The reply, and whether the command had to be sent more than once."""
         retries = 0
         while True:
             try:
-                return self._client.execute_command(*command)
+                return self._client.execute_command(*command), retries > 0
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
                     raise

@@ -7,10 +7,16 @@ is shown able to fail. The other classes cover the guard, fenced calls, retries 
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 import unittest
 import uuid
+from pathlib import Path
 
 import redis
 from redis import exceptions as rx
@@ -242,6 +248,154 @@ class FailureCases(OneServer):
             return problems
 
         self.both(case)
+
+
+class LossReports(OneServer):
+    """A loss is reported through on_lost exactly once, by whichever thread sees it first."""
+
+    def test_caller_noticing_first_reports_the_loss_once(self) -> None:
+        # The watchdog is stalled past the lease; the caller's fenced() sees the loss first,
+        # then release() stops the watchdog before it could renew or report.
+        key = fresh_key()
+        calls = []
+        lock = Lock(self.r, key, 300, watchdog=True,
+                    on_lost=lambda _: calls.append(threading.current_thread()))
+        pause = Pause()
+        lock._watchdog_paused = pause
+        lock.acquire()
+        self.assertTrue(pause.reached.wait(10), "the watchdog never woke")
+        wait_for("the lease to end on the server",
+                 lambda: True if self.server.state(key) != "held" else None)
+        ran = []
+        with self.assertRaises(LockLost):
+            lock.fenced(ran.append)
+        self.assertEqual(ran, [])
+        self.assertEqual(calls, [threading.current_thread()], "on_lost from the caller's check")
+        releaser = threading.Thread(target=lock.release)
+        releaser.start()
+        try:
+            wait_for("release() to stop the watchdog",
+                     lambda: True if lock._stopping.is_set() else None)
+        finally:
+            pause.go()
+            releaser.join(10)
+        self.assertFalse(releaser.is_alive(), "release() did not return")
+        self.assertEqual(calls, [threading.current_thread()], "reported once")
+        self.assertEqual(self.server.calls("lock.renew"), 0)
+
+    def test_every_path_reports_the_loss_once(self) -> None:
+        def counting(**kw):
+            key = fresh_key()
+            calls = []
+            lock = Lock(self.r, key, kw.pop("ttl_ms", 10000),
+                        on_lost=lambda l: calls.append(l), **kw)
+            lock.acquire()
+            return key, lock, calls
+
+        # The watchdog notices (a force-release); the caller's checks and release add nothing.
+        key, lock, calls = counting(ttl_ms=300, watchdog=True)
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        wait_for("the watchdog's report", lambda: True if calls else None)
+        with self.assertRaises(LockLost):
+            lock.check()
+        self.assertFalse(lock.release())
+        self.assertEqual(calls, [lock], "watchdog first")
+
+        # release() finds the token gone.
+        key, lock, calls = counting()
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        self.assertFalse(lock.lost, "nothing can know it before a call")
+        self.assertFalse(lock.release())
+        self.assertTrue(lock.lost)
+        self.assertEqual(calls, [lock], "release after the loss")
+
+        # renew() is refused, then release.
+        key, lock, calls = counting()
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        with self.assertRaises(LockLost):
+            lock.renew()
+        with self.assertRaises(LockLost):
+            lock.fenced(lambda fence: fence)
+        self.assertFalse(lock.release())
+        self.assertEqual(calls, [lock], "renew")
+
+        # guarded() is refused by the server's fence check.
+        key, lock, calls = counting()
+        self.r.execute_command("LOCK.FORCERELEASE", key)
+        Lock(self.r, key, 10000).acquire()
+        with self.assertRaises(LockLost):
+            lock.guarded("SET", fresh_key(), "x")
+        self.assertFalse(lock.release())
+        self.assertEqual(calls, [lock], "guarded")
+
+        # The local lease ran out: reading `lost` is enough.
+        key, lock, calls = counting(ttl_ms=50)
+        wait_for("the lease to end on the server",
+                 lambda: True if self.server.state(key) != "held" else None)
+        self.assertEqual(calls, [], "no call yet")
+        self.assertTrue(lock.lost)
+        self.assertFalse(lock.held)
+        self.assertEqual(calls, [lock], "lost")
+        self.assertFalse(lock.release())
+        self.assertEqual(calls, [lock], "lost, then release")
+
+        # A grant released while held is never reported.
+        key, lock, calls = counting(ttl_ms=300, watchdog=True)
+        self.assertTrue(lock.release())
+        self.assertEqual(calls, [])
+
+    def test_a_whole_process_stall_reports_the_loss_once(self) -> None:
+        # A real worker process (tests/stalled_worker.py) with the watchdog on is stopped with
+        # SIGSTOP until its lease has ended on the server and another client holds the lock,
+        # then resumed: both of its threads wake at once, and exactly one reports.
+        key = fresh_key()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        worker = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("stalled_worker.py")),
+             str(self.server.port), key, "300"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        lines: "queue.Queue[str]" = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line.rstrip("\n"))
+                                                  for line in worker.stdout], daemon=True)
+        reader.start()
+        seen: list[str] = []
+
+        def until(prefix: str) -> str:
+            end = time.monotonic() + 10
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, end - time.monotonic()))
+                except queue.Empty:
+                    raise AssertionError(f"no {prefix!r} line from the worker; saw {seen}")
+                seen.append(line)
+                if line.startswith(prefix):
+                    return line
+
+        try:
+            fence = int(until("acquired ").split()[1])
+            worker.send_signal(signal.SIGSTOP)
+            wait_for("the stopped worker's lease to end on the server",
+                     lambda: True if self.server.state(key) != "held" else None)
+            other = Lock(self.r, key, 10000)
+            self.assertGreater(other.acquire(), fence)
+            worker.send_signal(signal.SIGCONT)
+            calls = int(until("on_lost calls ").split()[-1])
+            self.assertEqual(worker.wait(10), 0, seen)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+            worker.stdout.close()
+            errors = worker.stderr.read()
+            worker.stderr.close()
+            seen.append(f"stderr: {errors}")
+        self.assertIn("lost-seen", seen)
+        self.assertIn("released False", seen)
+        self.assertEqual(len([line for line in seen if line.startswith("on_lost-called ")]), 1,
+                         seen)
+        self.assertEqual(calls, 1, seen)
+        self.assertTrue(other.held)
+        self.assertTrue(other.release())
 
 
 class Guard(OneServer):

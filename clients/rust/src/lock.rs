@@ -120,8 +120,11 @@ impl Lock {
         self
     }
 
-    /// Called once, from whichever thread notices first (usually the watchdog), when a held
-    /// lock is lost. Keep it short; it must not wait for the guard's own methods.
+    /// Called exactly once per lost grant, from whichever thread notices first: the watchdog,
+    /// or yours in `check()`, `fenced()`, `is_lost()`, `lost_reason()`, `renew()`, `guarded()`,
+    /// `transaction()`, `release()` or drop. Never called for a grant released while held, and
+    /// never with the guard's own mutexes held. Keep it short; it must not wait for the guard's
+    /// own methods.
     pub fn on_lost(mut self, callback: impl Fn(LostReason) + Send + Sync + 'static) -> Lock {
         self.on_lost = Some(Arc::new(callback));
         self
@@ -302,7 +305,7 @@ impl Lock {
                     return Err(Error::NotAcquired);
                 }
                 Renewal::Failed(e) => {
-                    let _ = guard.release_inner();
+                    let _ = guard.release_inner(false);
                     return Err(Error::Unknown(e));
                 }
             }
@@ -315,7 +318,7 @@ impl Lock {
                 Ok(handle) => guard.watchdog = Some(handle),
                 Err(e) => {
                     // No watchdog, no guard: give the lock back rather than hold it unrenewed.
-                    let _ = guard.release_inner();
+                    let _ = guard.release_inner(false);
                     return Err(Error::Redis(RedisError::from(e)));
                 }
             }
@@ -592,13 +595,17 @@ impl LockGuard {
         &self.shared.key
     }
 
-    /// True once the lock is known lost (never goes back to false).
+    /// True once the lock is known lost, including as soon as the local lease end has passed
+    /// (no call needed); never goes back to false. When this is the first to notice, the loss
+    /// is reported (`on_lost`) from this thread.
     pub fn is_lost(&self) -> bool {
-        self.shared.is_lost()
+        self.shared.check().is_err()
     }
 
-    /// Why the lock was lost, if it was.
+    /// Why the lock was lost, if it was (the local lease end counts, as for
+    /// [`is_lost`](LockGuard::is_lost)).
     pub fn lost_reason(&self) -> Option<LostReason> {
+        let _ = self.shared.check();
         self.shared.lost_reason()
     }
 
@@ -751,16 +758,23 @@ impl LockGuard {
 
     /// Stops the watchdog (no renewal is sent after this returns), then releases the lock with
     /// its token. `Ok(true)`: released; `Ok(false)`: the token did not hold it any more (lost,
-    /// or an earlier attempt whose reply was lost already released it).
+    /// or an earlier attempt whose reply was lost already released it). A loss found here (the
+    /// local lease end passed, or the first `LOCK.RELEASE` answered 0) is reported through
+    /// `on_lost` unless it was reported before.
     pub fn release(mut self) -> Result<bool, Error> {
-        self.release_inner()
+        self.release_inner(true)
     }
 
-    fn release_inner(&mut self) -> Result<bool, Error> {
+    /// `report`: false for a grant never handed out (its loss is nobody's news).
+    fn release_inner(&mut self, report: bool) -> Result<bool, Error> {
         if self.released {
             return Ok(false);
         }
         self.released = true;
+        if report {
+            // Past the local lease end the grant counts as lost, whatever the server says.
+            let _ = self.shared.check();
+        }
         {
             let mut state = lock_ignoring_poison(&self.shared.state);
             state.stopping = true;
@@ -772,6 +786,20 @@ impl LockGuard {
                 let _ = handle.join();
             }
         }
+        let outcome = self.send_release();
+        // The connection's mutex is free again: on_lost may run here.
+        if let Ok((false, 0)) = outcome {
+            // Only the first try's 0 says the grant was gone: a 0 after a retry may answer
+            // our own earlier release whose reply was lost.
+            if report {
+                self.shared.lose(LostReason::NotHeld);
+            }
+        }
+        outcome.map(|(released, _)| released)
+    }
+
+    /// `LOCK.RELEASE` with the token, retried: whether it released, and after how many failures.
+    fn send_release(&self) -> Result<(bool, u32), Error> {
         let shared = &self.shared;
         let mut slot = lock_ignoring_poison(&self.conn);
         let mut failures = 0u32;
@@ -789,7 +817,7 @@ impl LockGuard {
                 },
             );
             match result {
-                Ok(n) => return Ok(n == 1),
+                Ok(n) => return Ok((n == 1, failures)),
                 Err(e) => {
                     if classify(&e) == Retry::No {
                         return Err(Error::Redis(e));
@@ -807,7 +835,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let _ = self.release_inner();
+        let _ = self.release_inner(true);
     }
 }
 
