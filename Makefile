@@ -248,7 +248,7 @@ redis-suite: release ## Redis' own test suite against a server with the module l
 # caused by valgrind's slowness are shown but do not fail the target.
 VALGRIND_LOG_DIR := $(CURDIR)/target/valgrind
 VALGRIND_SUITES  ?= commands waiting expiry notifications persistence replication operability \
-	footprint fences sessions
+	footprint fences sessions deleted
 valgrind: debug ## Integration tests with redis-server under valgrind; prints leaks and invalid accesses
 	@command -v valgrind >/dev/null 2>&1 || { echo "valgrind: not installed (Debian: apt-get install valgrind)"; exit 1; }
 	@rm -rf $(VALGRIND_LOG_DIR); mkdir -p $(VALGRIND_LOG_DIR)
