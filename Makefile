@@ -115,7 +115,7 @@ test: debug ## Build the debug module, then run unit and integration tests (they
 # REDIS_SERVER. redis-py is pip-installed, pinned, into .cache/clients-py the first time; the
 # Rust helper is its own crate (clients/rust, own Cargo.lock and target/).
 CLIENTS_PY      := $(CURDIR)/.cache/clients-py
-REDIS_PY_PIN    := 6.4.0
+REDIS_PY_PIN    := 8.1.0
 test-clients: debug ## The Python and Rust client helpers' tests against the module
 	@[ -d "$(CLIENTS_PY)/redis-$(REDIS_PY_PIN).dist-info" ] || { \
 		echo "test-clients: pip install redis==$(REDIS_PY_PIN) into $(CLIENTS_PY)"; \

@@ -15,6 +15,7 @@ See clients/python/README.md and the repository's README for the commands undern
 
 from ._lock import (
     Lock,
+    LockConnectionError,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -24,6 +25,7 @@ from ._lock import (
 
 __all__ = [
     "Lock",
+    "LockConnectionError",
     "LockError",
     "LockLost",
     "LockNotAcquired",

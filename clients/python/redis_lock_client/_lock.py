@@ -10,7 +10,10 @@ Every rule here answers a bug seen in client-side locks:
   RENEW was *sent* + ttl): a watchdog that wakes late, or a reply that arrives late, means the lock
   is lost, never renewed back into a second holder; ``check()`` says so too without a watchdog;
 - a lost reply is not a lost grant: ACQUIRE is retried with the same token, which gets its own
-  fence back if the first attempt was granted;
+  fence back if the first attempt was granted; a connection that could not be opened sent
+  nothing, so it is reported at once (``LockConnectionError``), never as "unknown";
+- retrying stops ``RetryPolicy.deadline`` after the first failure whatever the attempts left, so
+  a client that retries on its own (redis-py >= 6) does not multiply the wait;
 - a loss is reported through ``on_lost`` exactly once, by whichever thread sees it first (the
   watchdog, or the caller's ``lost``/``check()``/``fenced()``/``renew()``/``guarded()``/
   ``transaction()``/``release()``): ``_mark_lost`` records the first reason, ``_report_loss``
@@ -23,6 +26,7 @@ import logging
 import math
 import os
 import random
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -57,8 +61,16 @@ class LockLost(LockError):
 
 
 class LockUnknown(LockError):
-    """The server could not be reached often enough to know the outcome. A grant that did
-    happen ends with its lease (the helper also tried to release it)."""
+    """A request was sent but its reply was lost, and the retries (same token) ran out before
+    the outcome was known. A grant that did happen ends with its lease (the helper also tried to
+    release it)."""
+
+
+class LockConnectionError(LockError):
+    """No connection to the server could be opened: the request was never sent, so nothing was
+    granted (or released). Raised at once, without the helper's own retries (the client may have
+    retried the connect itself: redis-py >= 6 does by default). The redis-py error is the
+    ``__cause__``."""
 
 
 @dataclass(frozen=True)
@@ -66,19 +78,48 @@ class RetryPolicy:
     """Bounded exponential backoff for replies that ask for a retry and for lost connections.
 
     ``attempts`` counts every try, the first included; the n-th retry waits a random time
-    between half and all of ``min(cap, base * 2**n)`` seconds.
+    between half and all of ``min(cap, base * 2**n)`` seconds. ``deadline`` (seconds) bounds the
+    retrying: no retry starts later than ``deadline`` after the first failure, however many
+    attempts are left. One try is one call of the client, with whatever retries the client makes
+    inside it (redis-py >= 6 retries on its own by default).
     """
 
     attempts: int = 6
     base: float = 0.02
     cap: float = 1.0
+    deadline: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.base < 0 or self.cap < 0:
-            raise ValueError("RetryPolicy needs attempts >= 1 and non-negative delays")
+        if self.attempts < 1 or self.base < 0 or self.cap < 0 or not self.deadline > 0:
+            raise ValueError(
+                "RetryPolicy needs attempts >= 1, non-negative delays and a positive deadline"
+            )
 
     def delay(self, retry: int) -> float:
         return min(self.cap, self.base * 2**retry) * random.uniform(0.5, 1.0)
+
+
+def not_connected(error: BaseException) -> bool:
+    """Whether ``error`` says no connection could be opened, so nothing of the command was sent:
+    redis-py words every failed connect as "... connecting to ..." (refused, unreachable, DNS,
+    timeout), raised while handling the socket's own error."""
+    if isinstance(error, rx.BusyLoadingError) or not isinstance(
+        error, (rx.ConnectionError, rx.TimeoutError)
+    ):
+        return False
+    return " connecting to " in str(error) or isinstance(
+        error.__context__, (ConnectionRefusedError, socket.gaierror)
+    )
+
+
+def reply_lost(error: BaseException) -> bool:
+    """Whether ``error`` may hide a command that ran: the connection failed or timed out after
+    it was opened (a LOADING reply is the server's answer, not a lost one)."""
+    return (
+        isinstance(error, (rx.ConnectionError, rx.TimeoutError))
+        and not isinstance(error, rx.BusyLoadingError)
+        and not not_connected(error)
+    )
 
 
 def is_retriable(error: BaseException) -> bool:
@@ -198,8 +239,10 @@ class Lock:
 
     def acquire(self) -> int:
         """Take the lock and return its fence. Raises ``LockNotAcquired`` when it is held by
-        another token (after waiting ``wait_ms`` on the server if given), ``LockUnknown`` when
-        retries ran out without an answer."""
+        another token (after waiting ``wait_ms`` on the server if given),
+        ``LockConnectionError`` at once when no connection could be opened before any request
+        was sent (nothing granted), ``LockUnknown`` when a request was sent, its reply lost, and
+        retries (same token) ran out without an answer."""
         if self._token is not None:
             raise LockError(self.key, "already acquired by this Lock: release it first")
         token = os.urandom(16)
@@ -214,6 +257,8 @@ class Lock:
         if self.wait_ms:
             waits_until = time.monotonic() + self.wait_ms / 1000
         retries = 0
+        maybe_granted = False  # a try was sent and its reply lost
+        give_up_at = None  # the retry deadline, from the first failure
         while True:
             command = list(base)
             if self.wait_ms == 0:
@@ -230,13 +275,19 @@ class Lock:
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
                     raise
+                if not_connected(error) and not maybe_granted:
+                    raise LockConnectionError(
+                        self.key, f"could not connect, nothing was sent ({error})"
+                    ) from error
+                maybe_granted = maybe_granted or reply_lost(error)
                 retries += 1
-                if retries >= self.retry.attempts:
+                pause, give_up_at = self._next_pause(retries, give_up_at)
+                if pause is None:
                     self._forget(token)
                     raise LockUnknown(
                         self.key, f"no answer after {retries} attempts ({error})"
                     ) from error
-                time.sleep(self.retry.delay(retries))
+                time.sleep(pause)
                 continue
             if reply is None:
                 raise LockNotAcquired(self.key, "held by another token")
@@ -446,20 +497,43 @@ class Lock:
     # ---- plumbing --------------------------------------------------------------------------
 
     def _call(self, *command: Any) -> tuple[Any, bool]:
-        """The reply, and whether the command had to be sent more than once."""
+        """The reply, and whether the command had to be sent more than once. Retried as
+        acquire is: ``LockConnectionError`` when nothing could be sent, ``LockUnknown`` when the
+        retries ran out."""
         retries = 0
+        maybe_sent = False
+        give_up_at = None
         while True:
             try:
                 return self._client.execute_command(*command), retries > 0
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
                     raise
+                if not_connected(error) and not maybe_sent:
+                    raise LockConnectionError(
+                        self.key, f"could not connect, {command[0]} was not sent ({error})"
+                    ) from error
+                maybe_sent = maybe_sent or reply_lost(error)
                 retries += 1
-                if retries >= self.retry.attempts:
+                pause, give_up_at = self._next_pause(retries, give_up_at)
+                if pause is None:
                     raise LockUnknown(
                         self.key, f"no answer to {command[0]} after {retries} attempts ({error})"
                     ) from error
-                time.sleep(self.retry.delay(retries))
+                time.sleep(pause)
+
+    def _next_pause(
+        self, retries: int, give_up_at: Optional[float]
+    ) -> tuple[Optional[float], float]:
+        """The pause before retry number ``retries``, or None when the attempts or the deadline
+        (counted from the first failure) are used up; and the deadline."""
+        now = time.monotonic()
+        if give_up_at is None:
+            give_up_at = now + self.retry.deadline
+        pause = self.retry.delay(retries)
+        if retries >= self.retry.attempts or now + pause >= give_up_at:
+            return None, give_up_at
+        return pause, give_up_at
 
     def _forget(self, token: bytes) -> None:
         """After an acquire without an answer: one try to release what may have been granted."""

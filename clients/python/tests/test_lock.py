@@ -21,9 +21,13 @@ from pathlib import Path
 import redis
 from redis import exceptions as rx
 
-from harness import Cluster, Server, wait_for
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from harness import Cluster, Server, free_port, wait_for
 from naive import NaiveLock
-from redis_lock_client import Lock, LockLost, LockNotAcquired, LockUnknown, RetryPolicy
+from redis_lock_client import (Lock, LockConnectionError, LockLost, LockNotAcquired, LockUnknown,
+                               RetryPolicy)
 from redis_lock_client._lock import is_retriable
 
 FAST_RETRY = RetryPolicy(attempts=4, base=0.001, cap=0.01)
@@ -592,6 +596,107 @@ class Retries(unittest.TestCase):
         with self.assertRaises(rx.ResponseError):
             Lock(client, "k", 1000, retry=FAST_RETRY).acquire()
         self.assertEqual(len(client.calls), 1)
+
+
+class Counting:
+    """A client proxy that records the commands the helper sends through it."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.calls = []
+
+    def execute_command(self, *args):
+        self.calls.append(args[0])
+        return self.client.execute_command(*args)
+
+
+class Slow(Scripted):
+    """A scripted client whose every call takes ``seconds`` before it answers."""
+
+    def __init__(self, seconds: float, *script) -> None:
+        super().__init__(*script)
+        self.seconds = seconds
+
+    def execute_command(self, *args):
+        time.sleep(self.seconds)  # the call's own duration, not a synchronization
+        return super().execute_command(*args)
+
+
+REFUSED = "Error 111 connecting to 127.0.0.1:9. Connection refused."
+READ_LOST = "Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')"
+
+
+class Connections(unittest.TestCase):
+    """A connection never made cannot have been granted: LockConnectionError, fast, one try.
+    A request sent whose reply was lost stays unknown and is retried with the same token, for
+    at most ``RetryPolicy.deadline`` whatever the client's own retries."""
+
+    def test_a_refused_connection_fails_fast_with_a_connection_error(self) -> None:
+        port = free_port()  # bound, then closed: nothing listens on it
+        # redis-py's own retries off: the time is the helper's alone.
+        plain = Counting(redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0)))
+        start = time.monotonic()
+        with self.assertRaises(LockConnectionError) as refused:
+            Lock(plain, "k", 10000, wait_ms=1000).acquire()
+        self.assertLess(time.monotonic() - start, 3.0)
+        self.assertEqual(plain.calls, ["LOCK.ACQUIRE"], "one try, no release of a non-grant")
+        self.assertNotIsInstance(refused.exception, LockUnknown)
+        self.assertIn("could not connect", str(refused.exception))
+        self.assertIsInstance(refused.exception.__cause__, rx.ConnectionError)
+
+    def test_a_refused_connection_with_redis_pys_own_retries_is_one_try(self) -> None:
+        # The default client of redis-py >= 6 retries a refused connect itself (8.1: 10 times,
+        # at most about 5.3 s of pauses in all): the helper adds no try of its own.
+        port = free_port()
+        client = Counting(redis.Redis(host="127.0.0.1", port=port))
+        start = time.monotonic()
+        with self.assertRaises(LockConnectionError):
+            Lock(client, "k", 10000).acquire()
+        self.assertLess(time.monotonic() - start, 8.0)
+        self.assertEqual(client.calls, ["LOCK.ACQUIRE"])
+
+    def test_connect_failures_classified(self) -> None:
+        client = Scripted(rx.ConnectionError(REFUSED))
+        with self.assertRaises(LockConnectionError):
+            Lock(client, "k", 1000, retry=FAST_RETRY).acquire()
+        self.assertEqual(len(client.calls), 1)
+        client = Scripted(rx.TimeoutError("Timeout connecting to server"))
+        with self.assertRaises(LockConnectionError):
+            Lock(client, "k", 1000, retry=FAST_RETRY).acquire()
+        # The server answered "retry" first: still nothing granted, still a connection error.
+        client = Scripted(rx.TryAgainError("key moved"), rx.ConnectionError(REFUSED))
+        with self.assertRaises(LockConnectionError):
+            Lock(client, "k", 1000, retry=FAST_RETRY).acquire()
+        self.assertEqual(len(client.calls), 2)
+
+    def test_a_lost_reply_then_refused_connections_is_unknown(self) -> None:
+        # The first try was sent and its reply lost: it may have been granted, so the refused
+        # reconnects that follow do not make it a connection error.
+        client = Scripted(rx.ConnectionError(READ_LOST), *[rx.ConnectionError(REFUSED)] * 4)
+        lock = Lock(client, "k", 1000, retry=FAST_RETRY)
+        with self.assertRaises(LockUnknown):
+            lock.acquire()
+        self.assertEqual([c[0] for c in client.calls], ["LOCK.ACQUIRE"] * 4 + ["LOCK.RELEASE"])
+        self.assertEqual(len({c[2] for c in client.calls}), 1, "one token throughout")
+        # A lost reply, then a grant: the same token's fence.
+        client = Scripted(rx.ConnectionError(READ_LOST), rx.TimeoutError("Timeout reading"), 7)
+        self.assertEqual(Lock(client, "k", 1000, retry=FAST_RETRY).acquire(), 7)
+
+    def test_the_retry_deadline_bounds_the_whole_acquire(self) -> None:
+        # Each call takes 0.2 s (as a client retrying on its own does) and loses its reply: with
+        # 1000 attempts allowed, the deadline still ends it.
+        client = Slow(0.2, *[rx.ConnectionError(READ_LOST)] * 50)
+        policy = RetryPolicy(attempts=1000, base=0.001, cap=0.001, deadline=0.5)
+        start = time.monotonic()
+        with self.assertRaises(LockUnknown):
+            Lock(client, "k", 1000, retry=policy).acquire()
+        elapsed = time.monotonic() - start
+        self.assertLess(elapsed, 2.0)
+        acquires = [c for c in client.calls if c[0] == "LOCK.ACQUIRE"]
+        self.assertLessEqual(len(acquires), 5, elapsed)
+        self.assertGreaterEqual(len(acquires), 2)
+        with self.assertRaises(ValueError):
+            RetryPolicy(deadline=0)
 
 
 class InCluster(unittest.TestCase):

@@ -39,11 +39,17 @@ pub enum Error {
     ///
     /// [`LockGuard::lost_reason`]: crate::LockGuard::lost_reason
     Lost,
-    /// Acquiring gave up after the retry policy was used up. A grant may or may not exist on
-    /// the server (a command can run even when its reply is lost); if it does, its lease ends
-    /// it. The last error seen is attached; if none of the attempts failed with an I/O error,
-    /// no attempt can have been granted.
+    /// Acquiring gave up after the retry policy (attempts or deadline) was used up. A grant may
+    /// or may not exist on the server (a command can run even when its reply is lost); if it
+    /// does, its lease ends it. The last error seen is attached; if none of the attempts failed
+    /// with an I/O error after its request was sent, no attempt can have been granted.
     Unknown(redis::RedisError),
+    /// No connection to the server could be opened, so the request (`LOCK.ACQUIRE`, or
+    /// `LOCK.RELEASE` from [`LockGuard::release`]) was never sent: nothing was granted (or
+    /// released). Returned at once, without retries. The connect error is attached.
+    ///
+    /// [`LockGuard::release`]: crate::LockGuard::release
+    Connection(redis::RedisError),
     /// A fenced transaction found the lock unchanged but its `EXEC` was aborted (a watched key
     /// changed) this many times in a row.
     Conflict {
@@ -64,6 +70,7 @@ impl fmt::Display for Error {
                 f,
                 "lock acquisition outcome unknown after retries (the lease ends any grant): {e}"
             ),
+            Error::Connection(e) => write!(f, "could not connect, nothing was sent: {e}"),
             Error::Conflict { attempts } => write!(
                 f,
                 "fenced transaction aborted {attempts} times by concurrent changes"
@@ -76,7 +83,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Unknown(e) | Error::Redis(e) => Some(e),
+            Error::Unknown(e) | Error::Connection(e) | Error::Redis(e) => Some(e),
             _ => None,
         }
     }

@@ -170,8 +170,10 @@ impl Lock {
     }
 
     /// Takes the lock: `Ok` with a guard holding the fence, [`Error::NotAcquired`] when another
-    /// token holds it (or the wait budget ran out), [`Error::Unknown`] when retries were used
-    /// up without learning the outcome.
+    /// token holds it (or the wait budget ran out), [`Error::Connection`] at once when no
+    /// connection could be opened before any request was sent (nothing granted),
+    /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
+    /// deadline) were used up without learning the outcome.
     ///
     /// Retries send the same token, so a grant whose reply was lost is returned (same fence)
     /// by the next attempt. With a limited wait, a retry waits only for what is left of the
@@ -185,6 +187,9 @@ impl Lock {
         };
         let mut conn: Option<(BoxedConnection, Option<Duration>)> = None;
         let mut failures = 0u32;
+        // A request was sent and its reply lost: it may have been granted.
+        let mut maybe_granted = false;
+        let mut give_up_at: Option<Instant> = None;
         loop {
             let wait_arg = match self.wait {
                 Wait::No => None,
@@ -210,7 +215,8 @@ impl Lock {
                 None => self
                     .connector
                     .connect(self.io_timeout, read_timeout)
-                    .map(|c| &mut conn.insert((c, read_timeout)).0),
+                    .map(|c| &mut conn.insert((c, read_timeout)).0)
+                    .map_err(Failure::Connect),
             }
             .and_then(|c| {
                 let sent_at = Instant::now();
@@ -230,6 +236,7 @@ impl Lock {
                 }
                 cmd.query::<Option<i64>>(c.as_mut())
                     .map(|reply| (reply, sent_at))
+                    .map_err(Failure::Call)
             });
             match result {
                 Ok((Some(fence), sent_at)) => {
@@ -240,17 +247,25 @@ impl Lock {
                     return self.start_guard(token, fence, sent_at, main);
                 }
                 Ok((None, _)) => return Err(Error::NotAcquired),
-                Err(e) => {
+                Err(failure) => {
+                    let sent = matches!(failure, Failure::Call(_));
+                    let e = failure.into_error();
                     match classify(&e) {
                         Retry::No => return Err(Error::Redis(e)),
                         Retry::Resend => {}
-                        Retry::Reconnect => conn = None,
+                        Retry::Reconnect => {
+                            conn = None;
+                            if !sent && !maybe_granted {
+                                return Err(Error::Connection(e));
+                            }
+                            maybe_granted |= sent;
+                        }
                     }
                     failures += 1;
-                    if failures >= self.retry.attempt_count() {
-                        return Err(Error::Unknown(e));
+                    match self.retry.pause(failures, &mut give_up_at) {
+                        Some(pause) => thread::sleep(pause),
+                        None => return Err(Error::Unknown(e)),
                     }
-                    thread::sleep(self.retry.backoff(failures));
                 }
             }
         }
@@ -487,6 +502,22 @@ impl Shared {
     }
 }
 
+/// Which step of a call failed.
+enum Failure {
+    /// Opening the connection: nothing was sent.
+    Connect(RedisError),
+    /// The command on an open connection: it may have run.
+    Call(RedisError),
+}
+
+impl Failure {
+    fn into_error(self) -> RedisError {
+        match self {
+            Failure::Connect(e) | Failure::Call(e) => e,
+        }
+    }
+}
+
 /// Runs `op` on the connection in `slot`, opening one first if needed. An I/O error leaves
 /// the slot empty (the connection's state is unknown).
 fn with_conn<T>(
@@ -496,9 +527,24 @@ fn with_conn<T>(
     read_timeout: Duration,
     op: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
 ) -> RedisResult<T> {
+    with_conn_staged(slot, connector, timeout, read_timeout, op).map_err(Failure::into_error)
+}
+
+/// [`with_conn`], telling a failed connect (nothing sent) from a failed call.
+fn with_conn_staged<T>(
+    slot: &mut Option<BoxedConnection>,
+    connector: &dyn Connector,
+    timeout: Duration,
+    read_timeout: Duration,
+    op: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
+) -> Result<T, Failure> {
     let conn = match slot {
         Some(c) => c,
-        None => slot.insert(connector.connect(timeout, Some(read_timeout))?),
+        None => slot.insert(
+            connector
+                .connect(timeout, Some(read_timeout))
+                .map_err(Failure::Connect)?,
+        ),
     };
     let result = op(conn.as_mut());
     if let Err(e) = &result {
@@ -506,7 +552,7 @@ fn with_conn<T>(
             *slot = None;
         }
     }
-    result
+    result.map_err(Failure::Call)
 }
 
 /// The watchdog thread: renews every ttl/3 until told to stop or the lock is lost.
@@ -799,12 +845,15 @@ impl LockGuard {
     }
 
     /// `LOCK.RELEASE` with the token, retried: whether it released, and after how many failures.
+    /// [`Error::Connection`] when no connection could be opened before anything was sent.
     fn send_release(&self) -> Result<(bool, u32), Error> {
         let shared = &self.shared;
         let mut slot = lock_ignoring_poison(&self.conn);
         let mut failures = 0u32;
+        let mut maybe_sent = false;
+        let mut give_up_at: Option<Instant> = None;
         loop {
-            let result = with_conn(
+            let result = with_conn_staged(
                 &mut slot,
                 &*shared.connector,
                 shared.io_timeout,
@@ -818,15 +867,22 @@ impl LockGuard {
             );
             match result {
                 Ok(n) => return Ok((n == 1, failures)),
-                Err(e) => {
-                    if classify(&e) == Retry::No {
-                        return Err(Error::Redis(e));
+                Err(failure) => {
+                    let sent = matches!(failure, Failure::Call(_));
+                    let e = failure.into_error();
+                    match classify(&e) {
+                        Retry::No => return Err(Error::Redis(e)),
+                        Retry::Reconnect if !sent && !maybe_sent => {
+                            return Err(Error::Connection(e));
+                        }
+                        Retry::Reconnect => maybe_sent |= sent,
+                        Retry::Resend => {}
                     }
                     failures += 1;
-                    if failures >= shared.retry.attempt_count() {
-                        return Err(Error::Redis(e));
+                    match shared.retry.pause(failures, &mut give_up_at) {
+                        Some(pause) => thread::sleep(pause),
+                        None => return Err(Error::Redis(e)),
                     }
-                    thread::sleep(shared.retry.backoff(failures));
                 }
             }
         }

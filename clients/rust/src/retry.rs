@@ -1,6 +1,6 @@
 //! Which errors are worth another attempt, and how long to wait before it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -8,7 +8,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 ///
 /// Attempt `n` (counting from 1) that fails with a retryable error is followed by a pause of
 /// `min(max, base * 2^(n-1))`, jittered down by up to half, and at most `attempts` attempts are
-/// made in all. Every retry sends the same token.
+/// made in all; no retry starts later than `deadline` after the first failure. Every retry sends
+/// the same token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (at least 1 is always made).
@@ -17,15 +18,20 @@ pub struct RetryPolicy {
     pub base: Duration,
     /// Longest pause.
     pub max: Duration,
+    /// How long retrying may go on, from the first failure: no retry starts after it, however
+    /// many attempts are left (a connector whose client retries on its own makes each attempt
+    /// longer).
+    pub deadline: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// 6 attempts, 20 ms first pause, 1 s longest pause.
+    /// 6 attempts, 20 ms first pause, 1 s longest pause, 10 s deadline.
     fn default() -> Self {
         RetryPolicy {
             attempts: 6,
             base: Duration::from_millis(20),
             max: Duration::from_secs(1),
+            deadline: Duration::from_secs(10),
         }
     }
 }
@@ -55,6 +61,20 @@ impl RetryPolicy {
 
     pub(crate) fn attempt_count(&self) -> u32 {
         self.attempts.max(1)
+    }
+
+    /// The pause before the next attempt after `failures` failed ones, or `None` when the
+    /// attempts or the deadline are used up. `give_up_at` is the deadline, set at the first
+    /// failure.
+    pub(crate) fn pause(
+        &self,
+        failures: u32,
+        give_up_at: &mut Option<Instant>,
+    ) -> Option<Duration> {
+        let now = Instant::now();
+        let until = *give_up_at.get_or_insert(now + self.deadline);
+        let pause = self.backoff(failures);
+        (failures < self.attempt_count() && now + pause < until).then_some(pause)
     }
 }
 

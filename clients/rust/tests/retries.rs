@@ -2,8 +2,11 @@
 //! are retried (same token, bounded attempts, reconnecting after I/O errors) and which are not.
 
 use std::io;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 use redis_lock_client::{is_retryable, BoxedConnection, Connector, Error, Lock, RetryPolicy};
@@ -20,6 +23,21 @@ struct Canned {
     /// Replies in order; the last one repeats.
     replies: Arc<Vec<Reply>>,
     log: Arc<Mutex<Log>>,
+    /// Connects from this one on (counting from 0) are refused.
+    refuse_from: usize,
+    /// How long each command takes before its reply.
+    delay: Duration,
+}
+
+impl Canned {
+    fn new(replies: Vec<Reply>) -> Canned {
+        Canned {
+            replies: Arc::new(replies),
+            log: Arc::default(),
+            refuse_from: usize::MAX,
+            delay: Duration::ZERO,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -34,6 +52,8 @@ struct FakeConn {
 
 impl FakeConn {
     fn next(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        // The call's own duration (as a client retrying inside one call takes), not a wait.
+        thread::sleep(self.canned.delay);
         let mut log = self.canned.log.lock().expect("log");
         log.commands.push(String::from_utf8_lossy(cmd).into_owned());
         let n = log.commands.len() - 1;
@@ -65,7 +85,11 @@ impl ConnectionLike for FakeConn {
 
 impl Connector for Canned {
     fn connect(&self, _: Duration, _: Option<Duration>) -> RedisResult<BoxedConnection> {
-        self.log.lock().expect("log").connects += 1;
+        let mut log = self.log.lock().expect("log");
+        log.connects += 1;
+        if log.connects > self.refuse_from {
+            return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "refused").into());
+        }
         Ok(Box::new(FakeConn {
             canned: self.clone(),
         }))
@@ -77,16 +101,17 @@ fn policy() -> RetryPolicy {
         attempts: 4,
         base: Duration::from_millis(1),
         max: Duration::from_millis(4),
+        ..RetryPolicy::default()
     }
 }
 
 fn run(replies: Vec<Reply>) -> (Result<i64, Error>, Arc<Mutex<Log>>) {
-    let canned = Canned {
-        replies: Arc::new(replies),
-        log: Arc::default(),
-    };
+    run_with(Canned::new(replies), policy())
+}
+
+fn run_with(canned: Canned, policy: RetryPolicy) -> (Result<i64, Error>, Arc<Mutex<Log>>) {
     let log = Arc::clone(&canned.log);
-    let lock = Lock::new(canned, "k", Duration::from_secs(5)).retry(policy());
+    let lock = Lock::new(canned, "k", Duration::from_secs(5)).retry(policy);
     // The guard's release on drop goes to the fake too; only the acquire is of interest.
     let result = lock.acquire().map(|g| {
         let fence = g.fence();
@@ -171,4 +196,88 @@ fn other_errors_are_not_retried() {
     let (result, log) = run(vec![Reply::Wire(b"$-1\r\n")]);
     assert!(matches!(result, Err(Error::NotAcquired)), "{result:?}");
     assert_eq!(log.lock().expect("log").commands.len(), 1);
+}
+
+/// A port nothing listens on (bound, then closed).
+fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A redis::Client that counts its connects.
+struct CountingClient {
+    client: redis::Client,
+    connects: Arc<AtomicUsize>,
+}
+
+impl Connector for CountingClient {
+    fn connect(&self, t: Duration, r: Option<Duration>) -> RedisResult<BoxedConnection> {
+        self.connects.fetch_add(1, Ordering::SeqCst);
+        self.client.connect(t, r)
+    }
+}
+
+// A refused connection (nothing listens on the port) sent nothing, so nothing was granted:
+// Error::Connection at once, one connect, not Unknown after the retries.
+#[test]
+fn a_refused_connection_fails_fast_with_a_connection_error() {
+    let connects = Arc::new(AtomicUsize::new(0));
+    let url = format!("redis://127.0.0.1:{}/", closed_port());
+    let connector = CountingClient {
+        client: redis::Client::open(url).expect("client"),
+        connects: Arc::clone(&connects),
+    };
+    let lock = Lock::new(connector, "k", Duration::from_secs(10)).wait(Duration::from_secs(1));
+    let start = Instant::now();
+    let result = lock.acquire();
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    match &result {
+        Err(Error::Connection(e)) => assert!(e.is_io_error(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let text = result.expect_err("refused").to_string();
+    assert!(text.contains("could not connect"), "{text}");
+    assert_eq!(connects.load(Ordering::SeqCst), 1);
+}
+
+// A sent request whose reply was lost may have been granted: the refused reconnects after it
+// keep the outcome unknown (retried with the same token until the attempts run out).
+#[test]
+fn a_lost_reply_then_refused_connections_is_unknown() {
+    let canned = Canned {
+        refuse_from: 1,
+        ..Canned::new(vec![Reply::Io])
+    };
+    let (result, log) = run_with(canned, policy());
+    assert!(matches!(result, Err(Error::Unknown(_))), "{result:?}");
+    let log = log.lock().expect("log");
+    assert_eq!(log.commands.len(), 1);
+    assert_eq!(log.connects, 4, "every attempt tried to connect again");
+}
+
+// The retry deadline bounds the whole acquire whatever the attempts: calls of 100 ms that all
+// lose their reply, 1000 attempts allowed, a 300 ms deadline.
+#[test]
+fn the_retry_deadline_bounds_the_whole_acquire() {
+    let canned = Canned {
+        delay: Duration::from_millis(100),
+        ..Canned::new(vec![Reply::Io])
+    };
+    let policy = RetryPolicy {
+        attempts: 1000,
+        base: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+        deadline: Duration::from_millis(300),
+    };
+    let start = Instant::now();
+    let (result, log) = run_with(canned, policy);
+    let elapsed = start.elapsed();
+    assert!(matches!(result, Err(Error::Unknown(_))), "{result:?}");
+    assert!(elapsed < Duration::from_millis(1500), "{elapsed:?}");
+    let tries = log.lock().expect("log").commands.len();
+    assert!((2..=6).contains(&tries), "{tries} tries in {elapsed:?}");
 }
