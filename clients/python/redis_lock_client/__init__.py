@@ -15,6 +15,7 @@ See clients/python/README.md and the repository's README for the commands undern
 
 from ._lock import (
     Lock,
+    LockArgumentError,
     LockConnectionError,
     LockError,
     LockLost,
@@ -25,6 +26,7 @@ from ._lock import (
 
 __all__ = [
     "Lock",
+    "LockArgumentError",
     "LockConnectionError",
     "LockError",
     "LockLost",

@@ -43,6 +43,27 @@ T = TypeVar("T")
 _RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "READONLY", "MASTERDOWN")
 
 
+# The largest values any server with the module accepts: lock.max-ttl can be raised to one year,
+# a WAIT timeout to 2^45 ms, a semaphore to 10000 permits. Beyond them nothing can be granted.
+MAX_TTL_MS = 31_536_000_000
+MAX_WAIT_MS = 2**45
+MAX_LIMIT = 10_000
+
+
+class LockArgumentError(ValueError):
+    """A setting that makes no sense, refused before any command is sent. ``reason`` is one
+    keyword, the same in every helper of this repository (clients/conformance/README.md):
+    ``ttl``, ``watchdog-ttl``, ``wait``, ``limit``, ``shared+limit`` or ``retry``."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class LockError(Exception):
     """Base of this package's errors; ``key`` names the lock."""
 
@@ -90,9 +111,15 @@ class RetryPolicy:
     deadline: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.base < 0 or self.cap < 0 or not self.deadline > 0:
-            raise ValueError(
-                "RetryPolicy needs attempts >= 1, non-negative delays and a positive deadline"
+        if (
+            not _is_int(self.attempts)
+            or self.attempts < 1
+            or not self.base >= 0
+            or not self.cap >= 0
+            or not self.deadline > 0
+        ):
+            raise LockArgumentError(
+                "retry", "RetryPolicy needs attempts >= 1, delays >= 0 and a deadline > 0"
             )
 
     def delay(self, retry: int) -> float:
@@ -160,20 +187,30 @@ class Lock:
         on_lost: Optional[Callable[["Lock"], None]] = None,
         retry: RetryPolicy = RetryPolicy(),
     ):
-        if not isinstance(ttl_ms, int) or isinstance(ttl_ms, bool) or ttl_ms <= 0:
-            raise ValueError("ttl_ms must be a positive integer (milliseconds)")
-        if wait_ms is not None and (
-            not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or wait_ms < 0
-        ):
-            raise ValueError("wait_ms must be None (do not wait) or an integer >= 0 (0: no limit)")
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10000
-        ):
-            raise ValueError("limit must be None (not a semaphore) or an integer 1..10000")
+        if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_TTL_MS:
+            raise LockArgumentError(
+                "ttl", f"ttl_ms must be an integer from 1 to {MAX_TTL_MS} (one year), in ms"
+            )
+        if wait_ms is not None and (not _is_int(wait_ms) or not 0 <= wait_ms <= MAX_WAIT_MS):
+            raise LockArgumentError(
+                "wait", f"wait_ms must be None (do not wait) or 0 (no limit) to {MAX_WAIT_MS}"
+            )
+        if limit is not None and (not _is_int(limit) or not 1 <= limit <= MAX_LIMIT):
+            raise LockArgumentError(
+                "limit", f"limit must be None (not a semaphore) or 1 to {MAX_LIMIT}"
+            )
         if shared and limit is not None:
-            raise ValueError("shared and limit exclude each other: a permit is a shared hold")
+            raise LockArgumentError(
+                "shared+limit",
+                "shared and limit together are ambiguous: a permit is already a shared hold;"
+                " ask for one of them",
+            )
         if watchdog and ttl_ms < 3:
-            raise ValueError("a watchdog renews every ttl_ms / 3: ttl_ms must be at least 3")
+            raise LockArgumentError(
+                "watchdog-ttl", "a watchdog renews every ttl_ms / 3: ttl_ms must be at least 3"
+            )
+        if not isinstance(retry, RetryPolicy):
+            raise LockArgumentError("retry", "retry must be a RetryPolicy")
         self._client = client
         self.key = key
         self.ttl_ms = ttl_ms

@@ -27,10 +27,69 @@ impl fmt::Display for LostReason {
     }
 }
 
+/// A [`Lock`](crate::Lock) setting that makes no sense, refused by `acquire()` before any
+/// command is sent. [`reason`](Invalid::reason) is one keyword, the same in every helper of the
+/// repository (`clients/conformance/README.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Invalid {
+    /// The lease is zero or longer than one year (31536000000 ms, the highest `lock.max-ttl`
+    /// a server accepts). Keyword `ttl`.
+    Ttl,
+    /// The watchdog is on and the lease is under 3 ms (it renews every ttl/3). Keyword
+    /// `watchdog-ttl`.
+    WatchdogTtl,
+    /// The wait is above 2^45 ms (the server's bound for `WAIT`). Keyword `wait`.
+    Wait,
+    /// A semaphore of 0 or more than 10000 permits. Keyword `limit`.
+    Limit,
+    /// Both [`shared`](crate::Lock::shared) and [`limit`](crate::Lock::limit): the server
+    /// takes it as a permit, but asking for both is ambiguous. Keyword `shared+limit`.
+    SharedWithLimit,
+    /// A retry policy with no attempts or a zero deadline. Keyword `retry`.
+    Retry,
+}
+
+impl Invalid {
+    /// The keyword naming the refused setting: `ttl`, `watchdog-ttl`, `wait`, `limit`,
+    /// `shared+limit` or `retry`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Invalid::Ttl => "ttl",
+            Invalid::WatchdogTtl => "watchdog-ttl",
+            Invalid::Wait => "wait",
+            Invalid::Limit => "limit",
+            Invalid::SharedWithLimit => "shared+limit",
+            Invalid::Retry => "retry",
+        }
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self {
+            Invalid::Ttl => "the lease must be from 1 ms to one year (31536000000 ms)",
+            Invalid::WatchdogTtl => {
+                "a watchdog renews every ttl / 3: the lease must be at least 3 ms"
+            }
+            Invalid::Wait => "the wait must be at most 2^45 ms",
+            Invalid::Limit => "a semaphore has 1 to 10000 permits",
+            Invalid::SharedWithLimit => {
+                "shared and limit together are ambiguous: a permit is already a shared hold; \
+                 ask for one of them"
+            }
+            Invalid::Retry => "a retry policy needs at least 1 attempt and a non-zero deadline",
+        };
+        write!(f, "{}: {why}", self.reason())
+    }
+}
+
 /// Everything that can go wrong when taking, keeping or using a lock.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
+    /// A setting makes no sense ([`Invalid`]): refused before any command was sent.
+    Invalid(Invalid),
     /// The lock is held by another token (or others queue for it), or the `WAIT` budget ran
     /// out. Nothing was granted and no user code ran.
     NotAcquired,
@@ -64,6 +123,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Error::Invalid(why) => write!(f, "invalid lock setting, {why}"),
             Error::NotAcquired => f.write_str("lock not acquired: held by another client"),
             Error::Lost => f.write_str("lock lost: it is no longer held by this client"),
             Error::Unknown(e) => write!(

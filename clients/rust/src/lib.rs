@@ -32,6 +32,11 @@
 //!   renewal: a late renewal could otherwise extend a lease the server already ended.
 //! * The watchdog is stopped and joined before [`LockGuard::release`] (or drop) sends
 //!   `LOCK.RELEASE`: no renewal reaches the server after the release.
+//! * A lost grant is reported through [`Lock::on_lost`] exactly once, by whichever thread
+//!   notices first; [`LockGuard::is_lost`] is true as soon as the local lease end has passed.
+//! * Settings that make no sense are refused before any command ([`Error::Invalid`]); a
+//!   connection that could not be opened sent nothing ([`Error::Connection`]), unlike a reply
+//!   lost after sending ([`Error::Unknown`]).
 //! * A lease is not consensus: a holder can be paused past its lease and act late, and a
 //!   failover can lose a grant. Hand the [fence](LockGuard::fence) to the storage you protect
 //!   and let it refuse older fences, or use [`LockGuard::transaction`] for other Redis keys.
@@ -48,6 +53,6 @@ mod lock;
 mod retry;
 
 pub use connector::{BoxedConnection, Connector};
-pub use error::{Error, LostReason};
+pub use error::{Error, Invalid, LostReason};
 pub use lock::{Lock, LockGuard};
 pub use retry::{is_retryable, RetryPolicy};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, FromRedisValue, RedisError, RedisResult};
 
 use crate::connector::{BoxedConnection, Connector};
-use crate::error::{Error, LostReason};
+use crate::error::{Error, Invalid, LostReason};
 use crate::retry::{classify, Retry, RetryPolicy};
 
 type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
@@ -32,7 +32,8 @@ pub struct Lock {
     key: String,
     ttl: Duration,
     wait: Wait,
-    mode: Mode,
+    shared: bool,
+    limit: Option<u32>,
     watchdog: bool,
     retry: RetryPolicy,
     io_timeout: Duration,
@@ -40,13 +41,12 @@ pub struct Lock {
     renewal_hook: Option<RenewalHook>,
 }
 
-/// What a [`Lock`] asks for: the whole lock, a shared hold, or a semaphore's permit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Exclusive,
-    Shared,
-    Permit(u32),
-}
+/// The longest lease any server accepts (the highest `lock.max-ttl`: one year), in ms.
+const MAX_TTL_MS: u128 = 31_536_000_000;
+/// The longest `WAIT` a server accepts, in ms.
+const MAX_WAIT_MS: u64 = 1 << 45;
+/// The most permits a semaphore can have.
+const MAX_LIMIT: u32 = 10_000;
 
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,7 +54,8 @@ impl std::fmt::Debug for Lock {
             .field("key", &self.key)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
-            .field("mode", &self.mode)
+            .field("shared", &self.shared)
+            .field("limit", &self.limit)
             .field("watchdog", &self.watchdog)
             .field("retry", &self.retry)
             .field("io_timeout", &self.io_timeout)
@@ -63,16 +64,19 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
-    /// A lock on `key` with leases of `ttl` (sent in whole milliseconds, at least 1). By default
-    /// it does not wait, has no watchdog, retries with [`RetryPolicy::default`] and bounds every
-    /// network wait by 2 s.
+    /// A lock on `key` with leases of `ttl` (sent in whole milliseconds, rounded up). A zero
+    /// ttl, or one above a year, is refused by [`acquire`](Lock::acquire) with
+    /// [`Error::Invalid`], as are the other settings that make no sense ([`Invalid`]). By
+    /// default it does not wait, has no watchdog, retries with [`RetryPolicy::default`] and
+    /// bounds every network wait by 2 s.
     pub fn new(connector: impl Connector, key: impl Into<String>, ttl: Duration) -> Lock {
         Lock {
             connector: Arc::new(connector),
             key: key.into(),
-            ttl: ttl.max(Duration::from_millis(1)),
+            ttl,
             wait: Wait::No,
-            mode: Mode::Exclusive,
+            shared: false,
+            limit: None,
             watchdog: false,
             retry: RetryPolicy::default(),
             io_timeout: Duration::from_secs(2),
@@ -82,7 +86,7 @@ impl Lock {
     }
 
     /// Queue on the server for up to `timeout` when the lock is held (`WAIT timeout-ms`). A
-    /// zero timeout means: do not wait.
+    /// zero timeout means: do not wait. Above 2^45 ms is refused ([`Invalid::Wait`]).
     pub fn wait(mut self, timeout: Duration) -> Lock {
         self.wait = if timeout.is_zero() {
             Wait::No
@@ -100,16 +104,18 @@ impl Lock {
     }
 
     /// Take a shared hold (`SHARED`): any number of shared holders at once, never beside an
-    /// exclusive one. The guard's fence proves the hold, not exclusivity.
+    /// exclusive one. The guard's fence proves the hold, not exclusivity. Not together with
+    /// [`limit`](Lock::limit) ([`Invalid::SharedWithLimit`]).
     pub fn shared(mut self) -> Lock {
-        self.mode = Mode::Shared;
+        self.shared = true;
         self
     }
 
-    /// Take one of the `permits` of a semaphore (`LIMIT permits`, 1 to 10000): every `Lock` on
-    /// the key must name the same number.
+    /// Take one of the `permits` of a semaphore (`LIMIT permits`, 1 to 10000, else
+    /// [`Invalid::Limit`]): every `Lock` on the key must name the same number. Not together
+    /// with [`shared`](Lock::shared).
     pub fn limit(mut self, permits: u32) -> Lock {
-        self.mode = Mode::Permit(permits);
+        self.limit = Some(permits);
         self
     }
 
@@ -156,6 +162,30 @@ impl Lock {
         &self.key
     }
 
+    /// The first setting that makes no sense, checked in the same order as the Python helper.
+    fn invalid(&self) -> Option<Invalid> {
+        let ttl_ms = self.ttl.as_nanos().div_ceil(1_000_000);
+        if self.ttl.is_zero() || ttl_ms > MAX_TTL_MS {
+            return Some(Invalid::Ttl);
+        }
+        if matches!(self.wait, Wait::Limited(d) if millis_floor(d) > MAX_WAIT_MS) {
+            return Some(Invalid::Wait);
+        }
+        if self.limit.is_some_and(|n| n == 0 || n > MAX_LIMIT) {
+            return Some(Invalid::Limit);
+        }
+        if self.shared && self.limit.is_some() {
+            return Some(Invalid::SharedWithLimit);
+        }
+        if self.watchdog && ttl_ms < 3 {
+            return Some(Invalid::WatchdogTtl);
+        }
+        if self.retry.attempts == 0 || self.retry.deadline.is_zero() {
+            return Some(Invalid::Retry);
+        }
+        None
+    }
+
     /// Runs `body` with the fence while holding the lock, then releases it. When the lock is
     /// not granted, `body` is never called and the result is [`Error::NotAcquired`] (or another
     /// error). When the lock was lost before `body` returned, the result is [`Error::Lost`]
@@ -169,7 +199,8 @@ impl Lock {
         lost.map(|()| value)
     }
 
-    /// Takes the lock: `Ok` with a guard holding the fence, [`Error::NotAcquired`] when another
+    /// Takes the lock: `Ok` with a guard holding the fence, [`Error::Invalid`] (before any
+    /// command) when a setting makes no sense, [`Error::NotAcquired`] when another
     /// token holds it (or the wait budget ran out), [`Error::Connection`] at once when no
     /// connection could be opened before any request was sent (nothing granted),
     /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
@@ -179,6 +210,9 @@ impl Lock {
     /// by the next attempt. With a limited wait, a retry waits only for what is left of the
     /// budget, and once it is spent makes one last attempt without `WAIT`.
     pub fn acquire(&self) -> Result<LockGuard, Error> {
+        if let Some(why) = self.invalid() {
+            return Err(Error::Invalid(why));
+        }
         let token = new_token();
         let ttl_ms = millis(self.ttl);
         let deadline = match self.wait {
@@ -222,14 +256,11 @@ impl Lock {
                 let sent_at = Instant::now();
                 let mut cmd = redis::cmd("LOCK.ACQUIRE");
                 cmd.arg(&self.key).arg(&token).arg(ttl_ms);
-                match self.mode {
-                    Mode::Exclusive => {}
-                    Mode::Shared => {
-                        cmd.arg("SHARED");
-                    }
-                    Mode::Permit(permits) => {
-                        cmd.arg("LIMIT").arg(permits);
-                    }
+                if self.shared {
+                    cmd.arg("SHARED");
+                }
+                if let Some(permits) = self.limit {
+                    cmd.arg("LIMIT").arg(permits);
                 }
                 if let Some(ms) = wait_arg {
                     cmd.arg("WAIT").arg(ms);

@@ -12,7 +12,8 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 /// the same token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Attempts in all, the first included (at least 1 is always made).
+    /// Attempts in all, the first included; 0 is refused by `Lock::acquire`
+    /// (`Invalid::Retry`).
     pub attempts: u32,
     /// Pause after the first failed attempt.
     pub base: Duration,

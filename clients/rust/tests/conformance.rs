@@ -1,0 +1,314 @@
+//! The shared table of cases (`clients/conformance/cases.json`) run on the Rust helper.
+//!
+//! Every helper in `clients/` runs the same table; `clients/conformance/README.md` describes the
+//! format. One server for all cases, a fresh key per case; every failing case is named.
+
+// The harness carries its own `#![allow(dead_code)]` as well.
+#![allow(clippy::duplicated_attributes)]
+
+#[allow(dead_code)]
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[allow(dead_code)]
+mod support;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{lock_info, wait_for, Conn, Reply, Server};
+use redis_lock_client::{Error, Lock, LockGuard, RetryPolicy};
+use serde_json::{Map, Value};
+use support::calls;
+
+const HELPER: &str = "rust";
+const CASE_FIELDS: &[&str] = &[
+    "name",
+    "lock",
+    "server",
+    "setup",
+    "steps",
+    "unrepresentable",
+    "expect",
+];
+const LOCK_FIELDS: &[&str] = &[
+    "ttl_ms",
+    "wait_ms",
+    "shared",
+    "limit",
+    "watchdog",
+    "retry_attempts",
+];
+const EXPECT_FIELDS: &[&str] = &["acquire", "reason", "message", "within_ms", "on_lost_calls"];
+
+fn load_cases() -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/cases.json");
+    let text = std::fs::read_to_string(&path).expect("read cases.json");
+    let table: Value = serde_json::from_str(&text).expect("cases.json is JSON");
+    assert_eq!(table["format"], 1, "{}: unknown format", path.display());
+    table["cases"].as_array().expect("cases").clone()
+}
+
+fn object(value: &Value) -> &Map<String, Value> {
+    value.as_object().expect("an object")
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .expect("a list of strings")
+        .iter()
+        .map(|word| word.as_str().expect("a string").to_string())
+        .collect()
+}
+
+/// What acquiring came to, in the table's words: (outcome, detail).
+fn outcome(result: &Result<LockGuard, Error>) -> (&'static str, String) {
+    match result {
+        Ok(guard) => ("granted", guard.fence().to_string()),
+        Err(Error::Invalid(why)) => ("refused", why.reason().to_string()),
+        Err(Error::NotAcquired) => ("not-acquired", String::new()),
+        Err(Error::Connection(e)) => ("connection-error", e.to_string()),
+        Err(Error::Unknown(e)) => ("unknown", e.to_string()),
+        Err(Error::Redis(e)) => ("server-error", e.to_string()),
+        Err(other) => ("other", other.to_string()),
+    }
+}
+
+struct Runner {
+    server: Server,
+    admin: Conn,
+}
+
+impl Runner {
+    fn held(&mut self, key: &str) -> bool {
+        lock_info(&mut self.admin, key).is_some_and(|fields| {
+            fields
+                .iter()
+                .any(|(name, value)| name == "state" && value.text() == "held")
+        })
+    }
+
+    /// Runs one case; Err says what differs from the table.
+    fn run(&mut self, case: &Value, serial: usize) -> Result<(), String> {
+        let name = case["name"].as_str().expect("name");
+        let settings = object(&case["lock"]);
+        let int = |field: &str| settings.get(field).map(|v| v.as_i64().expect("an integer"));
+        let flag = |field: &str| settings.get(field).is_some_and(|v| v == true);
+        let ttl_ms = int("ttl_ms").expect("ttl_ms");
+        let wait_ms = int("wait_ms");
+        let unrepresentable = case.get("unrepresentable").map(strings).unwrap_or_default();
+        let negative = ttl_ms < 0 || wait_ms.is_some_and(|w| w < 0);
+        if unrepresentable.iter().any(|h| h == HELPER) {
+            // A Duration is never negative: the input cannot reach the helper at all.
+            return if negative {
+                Ok(())
+            } else {
+                Err("marked unrepresentable, but every input fits a Duration".to_string())
+            };
+        }
+        if negative {
+            return Err("a negative duration, not marked unrepresentable for rust".to_string());
+        }
+        let key = format!("conformance:{name}:{serial}");
+        let with_key = |words: Vec<String>| -> Vec<String> {
+            words
+                .into_iter()
+                .map(|w| if w == "$KEY" { key.clone() } else { w })
+                .collect()
+        };
+        for command in case
+            .get("setup")
+            .map(|v| v.as_array().expect("setup"))
+            .into_iter()
+            .flatten()
+        {
+            let reply = self.admin.call(&with_key(strings(command)));
+            if let Reply::Error(e) = reply {
+                return Err(format!("setup {command}: {e}"));
+            }
+        }
+        let url = match case
+            .get("server")
+            .and_then(Value::as_str)
+            .unwrap_or("running")
+        {
+            "running" => format!("redis://127.0.0.1:{}/", self.server.port),
+            "closed-port" => {
+                let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+                let port = listener.local_addr().expect("addr").port();
+                drop(listener); // nothing listens on it now
+                format!("redis://127.0.0.1:{port}/")
+            }
+            other => return Err(format!("unknown server {other:?}")),
+        };
+        let lost_calls = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&lost_calls);
+        let mut lock = Lock::new(
+            redis::Client::open(url).expect("client"),
+            key.clone(),
+            Duration::from_millis(ttl_ms.unsigned_abs()),
+        )
+        .on_lost(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        if let Some(ms) = wait_ms {
+            // As the server's WAIT: 0 waits without limit.
+            lock = if ms == 0 {
+                lock.wait_forever()
+            } else {
+                lock.wait(Duration::from_millis(ms.unsigned_abs()))
+            };
+        }
+        if flag("shared") {
+            lock = lock.shared();
+        }
+        if let Some(permits) = int("limit") {
+            lock = lock.limit(u32::try_from(permits).map_err(|e| e.to_string())?);
+        }
+        if flag("watchdog") {
+            lock = lock.watchdog(true);
+        }
+        if let Some(attempts) = int("retry_attempts") {
+            lock = lock.retry(RetryPolicy {
+                attempts: u32::try_from(attempts).map_err(|e| e.to_string())?,
+                ..RetryPolicy::default()
+            });
+        }
+
+        let expect = object(&case["expect"]);
+        let acquires_before = calls(&self.server, "lock.acquire");
+        let start = Instant::now();
+        let result = lock.acquire();
+        let elapsed = start.elapsed();
+        let (got, detail) = outcome(&result);
+        let wanted = expect["acquire"].as_str().expect("acquire");
+        if got != wanted {
+            return Err(format!("acquire: {got} ({detail}), table says {wanted}"));
+        }
+        if got == "refused" {
+            if detail != expect["reason"] {
+                return Err(format!(
+                    "reason {detail:?}, table says {}",
+                    expect["reason"]
+                ));
+            }
+            if calls(&self.server, "lock.acquire") != acquires_before {
+                return Err("refused, but a LOCK.ACQUIRE reached the server".to_string());
+            }
+        }
+        if got == "server-error" {
+            let message = expect["message"].as_str().expect("message");
+            if !detail.contains(message) {
+                return Err(format!("server error {detail:?} lacks {message:?}"));
+            }
+        }
+        if let Some(bound) = expect.get("within_ms").and_then(Value::as_u64) {
+            if elapsed >= Duration::from_millis(bound) {
+                return Err(format!("took {elapsed:?}, table says under {bound} ms"));
+            }
+        }
+        let mut guard = result.ok();
+        for step in case
+            .get("steps")
+            .map(|v| v.as_array().expect("steps"))
+            .into_iter()
+            .flatten()
+        {
+            let Some(held) = guard.as_ref() else {
+                return Err(format!("step {step} without a held guard"));
+            };
+            match step["do"].as_str().expect("do") {
+                "server" => {
+                    if let Reply::Error(e) = self.admin.call(&with_key(strings(&step["command"]))) {
+                        return Err(format!("step {step}: {e}"));
+                    }
+                }
+                "wait-server-expiry" => {
+                    wait_for("the lease to end on the server", || {
+                        (!self.held(&key)).then_some(())
+                    });
+                }
+                "check-lost" => {
+                    if held.is_lost() != step["expect"] {
+                        return Err(format!("is_lost() {}, step {step}", held.is_lost()));
+                    }
+                }
+                "release" => {
+                    let released = guard.take().expect("guard").release();
+                    match released {
+                        Ok(r) if r == step["expect"] => {}
+                        other => return Err(format!("release {other:?}, step {step}")),
+                    }
+                }
+                other => return Err(format!("unknown step {other:?}")),
+            }
+        }
+        drop(guard);
+        let wanted_calls = expect
+            .get("on_lost_calls")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let got_calls = lost_calls.load(Ordering::SeqCst) as u64;
+        if got_calls != wanted_calls {
+            return Err(format!(
+                "on_lost called {got_calls} times, table says {wanted_calls}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn the_table_is_well_formed() {
+    let cases = load_cases();
+    let mut names: Vec<&str> = cases
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect();
+    let count = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), count, "case names are unique");
+    for case in &cases {
+        let name = &case["name"];
+        for (value, allowed) in [
+            (case, CASE_FIELDS),
+            (&case["lock"], LOCK_FIELDS),
+            (&case["expect"], EXPECT_FIELDS),
+        ] {
+            for field in object(value).keys() {
+                assert!(
+                    allowed.contains(&field.as_str()),
+                    "{name}: unknown field {field}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_case_of_the_shared_table() {
+    let cases = load_cases();
+    assert!(!cases.is_empty());
+    let server = Server::start();
+    let admin = server.conn();
+    let mut runner = Runner { server, admin };
+    let failures: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .filter_map(|(serial, case)| {
+            runner
+                .run(case, serial)
+                .err()
+                .map(|why| format!("{}: {why}", case["name"]))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "failing cases:\n{}",
+        failures.join("\n")
+    );
+}
