@@ -1,8 +1,9 @@
 """The child process of test_lock's whole-process stall test (not a test module itself).
 
 It takes ``argv[1:] = port key ttl_ms``, holds the lock with the watchdog on and works in a busy
-loop that checks it with ``fenced()`` between steps, as a worker does between writes. The test stops the whole process
-(SIGSTOP) past the lease and resumes it (SIGCONT). Every event is one flushed line on stdout:
+loop that checks it with ``fenced()`` between steps, as a worker does between writes. The test
+stops the whole process (SIGSTOP) past the lease and resumes it (SIGCONT). Every event is one
+flushed line on stdout:
 
     acquired <fence>        the grant
     on_lost-called <thread> each call of on_lost, from whichever thread noticed
