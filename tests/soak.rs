@@ -86,6 +86,52 @@ impl Shared {
     fn conn(&self) -> Conn {
         Conn::connect(self.port, PATIENT).expect("connect to the primary")
     }
+    /// A generator of its own for one worker (`salt` tells them apart).
+    fn rng(&self, salt: u64) -> Rng {
+        Rng::new(self.seed ^ salt)
+    }
+}
+
+/// A load worker's own connection, random choices and tokens.
+struct Worker {
+    shared: Arc<Shared>,
+    rng: Rng,
+    c: Conn,
+    tokens: Tokens,
+}
+
+impl Worker {
+    /// Worker `n` of a kind (`tag` in its tokens, `salt` in its random choices).
+    fn new(shared: Arc<Shared>, tag: &str, salt: u64, n: u64) -> Worker {
+        Worker {
+            rng: shared.rng(salt + n),
+            c: shared.conn(),
+            tokens: Tokens::new(format!("{tag}{n}")),
+            shared,
+        }
+    }
+    fn running(&self) -> bool {
+        self.shared.running()
+    }
+    fn token(&mut self) -> String {
+        self.tokens.next()
+    }
+    fn call(&mut self, args: &[String], wait_ms: Option<u64>) -> Option<Reply> {
+        call(&self.shared, &mut self.c, args, wait_ms)
+    }
+}
+
+/// Fresh tokens for one worker: `tok-<tag>-<n>`.
+struct Tokens(String, u64);
+
+impl Tokens {
+    fn new(tag: String) -> Tokens {
+        Tokens(tag, 0)
+    }
+    fn next(&mut self) -> String {
+        self.1 += 1;
+        format!("tok-{}-{}", self.0, self.1)
+    }
 }
 
 /// A reply a worker accepts; anything else fails the run.
@@ -168,232 +214,188 @@ fn fence_of_reply(reply: &Reply) -> Option<i64> {
 
 /// Exclusive locks with every option: WAIT, REENTRANT, SESSION, LOCKDELAY, SYNC; renewed,
 /// released or left to expire.
-fn exclusive_worker(shared: Arc<Shared>, n: u64) {
-    let mut rng = Rng::new(shared.seed ^ (0x100 + n));
-    let mut c = shared.conn();
-    let mut tokens = 0u64;
-    while shared.running() {
-        let key = format!("soak:x:{}", rng.below(KEYS));
-        tokens += 1;
-        let token = format!("tok-x{n}-{tokens}");
-        let ttl = rng.range(100, 3_000);
+fn exclusive_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut w = Worker::new(shared, "x", 0x100, n);
+    while w.running() {
+        let key = format!("soak:x:{}", w.rng.below(KEYS));
+        let token = w.token();
+        let ttl = w.rng.range(100, 3_000);
         let mut args = strings(&["LOCK.ACQUIRE", &key, &token, &ttl.to_string()]);
-        let wait = rng.chance(50).then(|| rng.range(10, 800));
+        let wait = w.rng.chance(50).then(|| w.rng.range(10, 800));
         if let Some(wait) = wait {
             args.extend(strings(&["WAIT", &wait.to_string()]));
         }
-        let reentrant = rng.chance(10);
+        let reentrant = w.rng.chance(10);
         if reentrant {
             args.push("REENTRANT".into());
         }
-        if rng.chance(15) {
+        if w.rng.chance(15) {
             args.push("SESSION".into());
         }
-        if rng.chance(10) {
-            args.extend(strings(&["LOCKDELAY", &rng.range(20, 200).to_string()]));
+        if w.rng.chance(10) {
+            args.extend(strings(&["LOCKDELAY", &w.rng.range(20, 200).to_string()]));
         }
-        let sync = rng.chance(10);
+        let sync = w.rng.chance(10);
         if sync {
             args.extend(strings(&["SYNC", "1", "300"]));
         }
         let budget = wait.map(|w| w + if sync { 300 } else { 0 });
-        let Some(reply) = call(&shared, &mut c, &args, budget) else {
-            return;
-        };
+        let reply = w.call(&args, budget)?;
         if fence_of_reply(&reply).is_none() {
             continue;
         }
-        if reentrant && call(&shared, &mut c, &args, budget).is_none() {
-            return;
+        if reentrant && w.call(&args, budget).is_none() {
+            return None;
         }
-        if rng.chance(30) {
+        if w.rng.chance(30) {
             let renew = strings(&[
                 "LOCK.RENEW",
                 &key,
                 &token,
-                &rng.range(100, 3_000).to_string(),
+                &w.rng.range(100, 3_000).to_string(),
             ]);
-            if call(&shared, &mut c, &renew, None).is_none() {
-                return;
-            }
+            w.call(&renew, None)?;
         }
         // Most holders release; the rest leave the lease to run out.
-        if rng.chance(85) {
+        if w.rng.chance(85) {
             let release = strings(&["LOCK.RELEASE", &key, &token]);
             for _ in 0..if reentrant { 2 } else { 1 } {
-                if call(&shared, &mut c, &release, None).is_none() {
-                    return;
-                }
+                w.call(&release, None)?;
             }
         }
     }
+    Some(())
 }
 
 /// Shared holds and semaphore permits, and LOCK.WAIT on them.
-fn shared_worker(shared: Arc<Shared>, n: u64) {
-    let mut rng = Rng::new(shared.seed ^ (0x200 + n));
-    let mut c = shared.conn();
-    let mut tokens = 0u64;
-    while shared.running() {
-        tokens += 1;
-        let token = format!("tok-s{n}-{tokens}");
-        let permits = rng.chance(50);
+fn shared_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut w = Worker::new(shared, "s", 0x200, n);
+    while w.running() {
+        let token = w.token();
+        let permits = w.rng.chance(50);
         let key = if permits {
-            format!("soak:p:{}", rng.below(KEYS / 4))
+            format!("soak:p:{}", w.rng.below(KEYS / 4))
         } else {
-            format!("soak:s:{}", rng.below(KEYS / 4))
+            format!("soak:s:{}", w.rng.below(KEYS / 4))
         };
-        if rng.chance(10) {
-            let wait = rng.range(10, 500);
+        if w.rng.chance(10) {
+            let wait = w.rng.range(10, 500);
             let args = strings(&["LOCK.WAIT", &key, &wait.to_string()]);
-            if call(&shared, &mut c, &args, Some(wait)).is_none() {
-                return;
-            }
+            w.call(&args, Some(wait))?;
             continue;
         }
-        let ttl = rng.range(100, 2_000).to_string();
+        let ttl = w.rng.range(100, 2_000).to_string();
         let mut args = strings(&["LOCK.ACQUIRE", &key, &token, &ttl]);
         // Now and then an exclusive request among the readers.
         if permits {
             args.extend(strings(&["LIMIT", "3"]));
-        } else if rng.chance(85) {
+        } else if w.rng.chance(85) {
             args.push("SHARED".into());
         }
-        let wait = rng.chance(50).then(|| rng.range(10, 500));
+        let wait = w.rng.chance(50).then(|| w.rng.range(10, 500));
         if let Some(wait) = wait {
             args.extend(strings(&["WAIT", &wait.to_string()]));
         }
-        let Some(reply) = call(&shared, &mut c, &args, wait) else {
-            return;
-        };
+        let reply = w.call(&args, wait)?;
         if fence_of_reply(&reply).is_none() {
             continue;
         }
-        if rng.chance(30) {
+        if w.rng.chance(30) {
             let renew = strings(&["LOCK.RENEW", &key, &token, &ttl]);
-            if call(&shared, &mut c, &renew, None).is_none() {
-                return;
-            }
+            w.call(&renew, None)?;
         }
-        if rng.chance(90)
-            && call(
-                &shared,
-                &mut c,
-                &strings(&["LOCK.RELEASE", &key, &token]),
-                None,
-            )
-            .is_none()
+        if w.rng.chance(90)
+            && w.call(&strings(&["LOCK.RELEASE", &key, &token]), None)
+                .is_none()
         {
-            return;
+            return None;
         }
     }
+    Some(())
 }
 
 /// Several locks at once.
-fn multi_worker(shared: Arc<Shared>, n: u64) {
-    let mut rng = Rng::new(shared.seed ^ (0x300 + n));
-    let mut c = shared.conn();
-    let mut tokens = 0u64;
-    while shared.running() {
-        tokens += 1;
-        let token = format!("tok-m{n}-{tokens}");
-        let count = rng.range(2, 3);
+fn multi_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut w = Worker::new(shared, "m", 0x300, n);
+    while w.running() {
+        let token = w.token();
+        let count = w.rng.range(2, 3);
         let mut keys: Vec<String> = Vec::new();
         while keys.len() < count as usize {
-            let key = format!("soak:m:{}", rng.below(KEYS / 3));
+            let key = format!("soak:m:{}", w.rng.below(KEYS / 3));
             if !keys.contains(&key) {
                 keys.push(key);
             }
         }
         let mut args = vec!["LOCK.MACQUIRE".to_string(), count.to_string()];
         args.extend(keys.iter().cloned());
-        args.extend(strings(&[&token, &rng.range(100, 2_000).to_string()]));
-        let wait = rng.chance(60).then(|| rng.range(10, 600));
+        args.extend(strings(&[&token, &w.rng.range(100, 2_000).to_string()]));
+        let wait = w.rng.chance(60).then(|| w.rng.range(10, 600));
         if let Some(wait) = wait {
             args.extend(strings(&["WAIT", &wait.to_string()]));
         }
-        let Some(reply) = call(&shared, &mut c, &args, wait) else {
-            return;
-        };
-        if !matches!(reply, Reply::Array(_)) || rng.chance(10) {
+        let reply = w.call(&args, wait)?;
+        if !matches!(reply, Reply::Array(_)) || w.rng.chance(10) {
             continue;
         }
         let mut release = vec!["LOCK.MRELEASE".to_string(), count.to_string()];
         release.extend(keys);
         release.push(token);
-        if call(&shared, &mut c, &release, None).is_none() {
-            return;
-        }
+        w.call(&release, None)?;
     }
+    Some(())
 }
 
 /// Fenced writes: LOCK.GUARD with the current fence and with a stale one.
-fn guard_worker(shared: Arc<Shared>, n: u64) {
-    let mut rng = Rng::new(shared.seed ^ (0x400 + n));
-    let mut c = shared.conn();
-    let mut tokens = 0u64;
-    while shared.running() {
-        tokens += 1;
-        let token = format!("tok-g{n}-{tokens}");
-        let key = format!("soak:g:{}", rng.below(KEYS / 4));
+fn guard_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut w = Worker::new(shared, "g", 0x400, n);
+    while w.running() {
+        let token = w.token();
+        let key = format!("soak:g:{}", w.rng.below(KEYS / 4));
         let args = strings(&["LOCK.ACQUIRE", &key, &token, "1000", "WAIT", "300"]);
-        let Some(reply) = call(&shared, &mut c, &args, Some(300)) else {
-            return;
-        };
+        let reply = w.call(&args, Some(300))?;
         let Some(fence) = fence_of_reply(&reply) else {
             continue;
         };
         let data = format!("{key}:data");
-        let fence = if rng.chance(20) { fence - 1 } else { fence };
+        let fence = if w.rng.chance(20) { fence - 1 } else { fence };
         let guarded = strings(&["LOCK.GUARD", &key, &fence.to_string(), "SET", &data, &token]);
-        if call(&shared, &mut c, &guarded, None).is_none() {
-            return;
-        }
-        if call(
-            &shared,
-            &mut c,
-            &strings(&["LOCK.RELEASE", &key, &token]),
-            None,
-        )
-        .is_none()
-        {
-            return;
-        }
+        w.call(&guarded, None)?;
+        w.call(&strings(&["LOCK.RELEASE", &key, &token]), None)?;
     }
+    Some(())
 }
 
 /// Connections that close while they hold a session lock or wait in a queue.
-fn disconnect_worker(shared: Arc<Shared>) {
-    let mut rng = Rng::new(shared.seed ^ 0x500);
-    let mut tokens = 0u64;
+fn disconnect_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut rng = shared.rng(0x500 + n);
+    let mut tokens = Tokens::new("d".into());
     while shared.running() {
-        tokens += 1;
-        let token = format!("tok-d-{tokens}");
+        let token = tokens.next();
         let key = format!("soak:x:{}", rng.below(KEYS));
         let mut c = shared.conn();
         let mut args = strings(&["LOCK.ACQUIRE", &key, &token, "5000"]);
         if rng.chance(50) {
             args.push("SESSION".into());
-            if call(&shared, &mut c, &args, None).is_none() {
-                return;
-            }
+            call(&shared, &mut c, &args, None)?;
         } else {
             // Queued (or granted at once), then gone before any answer is read.
             args.extend(strings(&["WAIT", "2000"]));
             if c.try_send(&args).is_err() {
                 shared.fail("the primary closed a connection".into());
-                return;
+                return None;
             }
             shared.count(1);
         }
         drop(c);
         sleep(Duration::from_millis(rng.range(20, 120)));
     }
+    Some(())
 }
 
 /// Acquire for a long lease, work, DEL: the key goes without a release (issue 23, item 2).
-fn deleting_worker(shared: Arc<Shared>) {
-    let mut rng = Rng::new(shared.seed ^ 0x600);
+fn deleting_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut rng = shared.rng(0x600 + n);
     let mut c = shared.conn();
     let mut round = 0u64;
     while shared.running() {
@@ -412,25 +414,26 @@ fn deleting_worker(shared: Arc<Shared>) {
                 Ok(reply) if expected(&reply) => shared.count(1),
                 other => {
                     shared.fail(format!("acquire + DEL answered {other:?}"));
-                    return;
+                    return None;
                 }
             }
         }
         sleep(Duration::from_millis(rng.range(30, 70)));
     }
+    Some(())
 }
 
 /// Other clients: DEL, UNLINK, SET over, RENAME away and onto, MOVE, COPY, DUMP/RESTORE and
 /// FLUSHDB on lock keys.
-fn vandal_worker(shared: Arc<Shared>) {
-    let mut rng = Rng::new(shared.seed ^ 0x700);
+fn vandal_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut rng = shared.rng(0x700 + n);
     let mut c = shared.conn();
-    let mut n = 0u64;
+    let mut rounds = 0u64;
     while shared.running() {
-        n += 1;
+        rounds += 1;
         let family = ["x", "s", "p", "m", "g"][rng.below(5) as usize];
         let key = format!("soak:{family}:{}", rng.below(KEYS));
-        let other = format!("soak:other:{}", n % 64);
+        let other = format!("soak:other:{n}:{}", rounds % 64);
         let commands: Vec<Vec<String>> = match rng.below(9) {
             0 => vec![strings(&["DEL", &key])],
             1 => vec![strings(&["UNLINK", &key])],
@@ -451,9 +454,7 @@ fn vandal_worker(shared: Arc<Shared>) {
             6 => vec![strings(&["MOVE", &key, "1"])],
             7 => {
                 // DUMP, then RESTORE over itself or under another name.
-                let Some(reply) = call(&shared, &mut c, &strings(&["DUMP", &key]), None) else {
-                    return;
-                };
+                let reply = call(&shared, &mut c, &strings(&["DUMP", &key]), None)?;
                 let Reply::Bulk(payload) = reply else {
                     continue;
                 };
@@ -469,7 +470,7 @@ fn vandal_worker(shared: Arc<Shared>) {
                     Reply::Status(_) => shared.count(1),
                     other => {
                         shared.fail(format!("RESTORE answered {other:?}"));
-                        return;
+                        return None;
                     }
                 }
                 vec![strings(&["DEL", &other])]
@@ -488,24 +489,22 @@ fn vandal_worker(shared: Arc<Shared>) {
             }
         };
         for command in commands {
-            if call(&shared, &mut c, &command, None).is_none() {
-                return;
-            }
+            call(&shared, &mut c, &command, None)?;
         }
         sleep(Duration::from_millis(rng.range(5, 40)));
     }
+    Some(())
 }
 
 /// A holder and a queued waiter on one key: the time from the release being sent to the
 /// waiter's grant being read.
-fn handoff_probe(shared: Arc<Shared>) {
+fn handoff_probe(shared: Arc<Shared>, n: u64) -> Option<()> {
     let mut holder = shared.conn();
     let mut waiter = shared.conn();
-    let mut n = 0u64;
+    let (mut holders, mut waiters) = (Tokens::new(format!("h{n}")), Tokens::new(format!("w{n}")));
     while shared.running() {
-        n += 1;
-        let (held, queued) = (format!("tok-h-{n}"), format!("tok-w-{n}"));
-        let Some(reply) = call(
+        let (held, queued) = (holders.next(), waiters.next());
+        let reply = call(
             &shared,
             &mut holder,
             &strings(&[
@@ -517,9 +516,7 @@ fn handoff_probe(shared: Arc<Shared>) {
                 "3000",
             ]),
             Some(3000),
-        ) else {
-            return;
-        };
+        )?;
         if fence_of_reply(&reply).is_none() {
             continue;
         }
@@ -535,53 +532,46 @@ fn handoff_probe(shared: Arc<Shared>) {
             .is_err()
         {
             shared.fail("the primary closed the probe's connection".into());
-            return;
+            return None;
         }
         // Pacing, not synchronisation: the waiter is most likely queued by now; if not, its
         // grant is simply immediate.
         sleep(Duration::from_millis(5));
         let released_at = Instant::now();
-        if call(
+        call(
             &shared,
             &mut holder,
             &strings(&["LOCK.RELEASE", "soak:handoff", &held]),
             None,
-        )
-        .is_none()
-        {
-            return;
-        }
+        )?;
         match waiter.try_read() {
             Ok(Reply::Int(_)) => {
                 let micros = released_at.elapsed().as_micros() as u64;
                 let at = shared.started.elapsed().as_secs_f64();
                 shared.handoffs.lock().expect("handoffs").push((at, micros));
                 shared.count(1);
-                if call(
+                call(
                     &shared,
                     &mut waiter,
                     &strings(&["LOCK.RELEASE", "soak:handoff", &queued]),
                     None,
-                )
-                .is_none()
-                {
-                    return;
-                }
+                )?;
             }
             // The vandal does not touch this key: anything else is a failure.
             other => {
                 shared.fail(format!("the probe's waiter got {other:?}"));
-                return;
+                return None;
             }
         }
         sleep(Duration::from_millis(15));
     }
+    Some(())
 }
 
 /// Holds the replica back now and then (CLIENT PAUSE WRITE there stops it applying its
 /// primary's stream), so SYNC requests time out and their grants are taken back.
-fn replica_pauser(shared: Arc<Shared>) {
-    let mut rng = Rng::new(shared.seed ^ 0x800);
+fn replica_pauser(shared: Arc<Shared>, n: u64) -> Option<()> {
+    let mut rng = shared.rng(0x800 + n);
     let mut r = Conn::connect(shared.replica_port, PATIENT).expect("connect to the replica");
     while shared.running() {
         sleep(Duration::from_millis(rng.range(3_000, 10_000)));
@@ -596,14 +586,15 @@ fn replica_pauser(shared: Arc<Shared>) {
             Ok(Reply::Status(_)) => shared.count(1),
             other => {
                 shared.fail(format!("CLIENT PAUSE on the replica: {other:?}"));
-                return;
+                return None;
             }
         }
     }
+    Some(())
 }
 
 /// A keyspace-event subscriber on every lock event (the publishing path is under load too).
-fn subscriber(shared: Arc<Shared>) {
+fn subscriber(shared: Arc<Shared>, _n: u64) -> Option<()> {
     let mut sub = shared.conn();
     sub.set_timeout(Duration::from_millis(500));
     if sub
@@ -611,7 +602,7 @@ fn subscriber(shared: Arc<Shared>) {
         .is_err()
     {
         shared.fail("could not subscribe".into());
-        return;
+        return None;
     }
     while shared.running() {
         match sub.try_read() {
@@ -623,10 +614,11 @@ fn subscriber(shared: Arc<Shared>) {
                 ) => {}
             Err(e) => {
                 shared.fail(format!("the subscriber's connection failed: {e}"));
-                return;
+                return None;
             }
         }
     }
+    Some(())
 }
 
 /// One sample of the primary.
@@ -774,34 +766,30 @@ fn soak() {
         started: Instant::now(),
         seed,
     });
+    // Each worker with how many of it run.
+    type Work = fn(Arc<Shared>, u64) -> Option<()>;
+    let work: [(Work, u64); 10] = [
+        (exclusive_worker, 3),
+        (shared_worker, 2),
+        (multi_worker, 1),
+        (guard_worker, 1),
+        (disconnect_worker, 1),
+        (deleting_worker, 1),
+        (vandal_worker, 1),
+        (handoff_probe, 1),
+        (replica_pauser, 1),
+        (subscriber, 1),
+    ];
     let mut workers: Vec<JoinHandle<()>> = Vec::new();
-    let spawn = |workers: &mut Vec<JoinHandle<()>>, work: Box<dyn FnOnce() + Send>| {
-        workers.push(thread::spawn(work));
-    };
-    for n in 0..3 {
-        let s = shared.clone();
-        spawn(&mut workers, Box::new(move || exclusive_worker(s, n)));
+    for (worker, copies) in work {
+        for n in 0..copies {
+            let shared = shared.clone();
+            workers.push(thread::spawn(move || {
+                // A worker that stops early has recorded why in `failures`.
+                let _ = worker(shared, n);
+            }));
+        }
     }
-    for n in 0..2 {
-        let s = shared.clone();
-        spawn(&mut workers, Box::new(move || shared_worker(s, n)));
-    }
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || multi_worker(s, 0)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || guard_worker(s, 0)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || disconnect_worker(s)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || deleting_worker(s)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || vandal_worker(s)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || handoff_probe(s)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || replica_pauser(s)));
-    let s = shared.clone();
-    spawn(&mut workers, Box::new(move || subscriber(s)));
 
     // Sampling, and the checks that hold at every moment.
     let mut c = primary.conn();
@@ -855,7 +843,9 @@ fn soak() {
     }
     shared.stop.store(true, Ordering::Relaxed);
     for worker in workers {
-        let _ = worker.join();
+        if worker.join().is_err() {
+            shared.fail("a worker panicked (its message is above)".into());
+        }
     }
 
     // The load is over: everything drains, the bookkeeping matches the keyspace, and the
