@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{raw, Context};
 
+use crate::host::server::now_ms;
 use crate::host::{as_call, guarded};
 
 pub type TimerId = raw::RedisModuleTimerID;
@@ -49,6 +50,34 @@ impl Single {
     /// In the callback: the timer is no longer pending.
     pub fn fired(&self) {
         self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A timer armed for the earliest time it was asked for: a later time leaves it as it is, an
+/// earlier one re-arms it. Its callback calls [`Earliest::fired`] first.
+#[derive(Default)]
+pub struct Earliest(Option<(TimerId, u64)>);
+
+impl Earliest {
+    pub const fn new() -> Self {
+        Earliest(None)
+    }
+
+    /// Makes sure `callback` runs at `at` (ms since the epoch) or earlier.
+    pub fn arm(&mut self, ctx: &Context, at: u64, callback: Callback) {
+        if self.0.is_some_and(|(_, fires)| fires <= at) {
+            return;
+        }
+        if let Some((id, _)) = self.0.take() {
+            stop(ctx, id);
+        }
+        let delay = at.saturating_sub(now_ms());
+        self.0 = create(ctx, delay, callback).map(|id| (id, at));
+    }
+
+    /// In the callback: the timer is no longer pending.
+    pub fn fired(&mut self) {
+        self.0 = None;
     }
 }
 

@@ -657,12 +657,19 @@ impl Lock {
     /// refresh or renewal has promised to its token since. True when it did.
     pub fn revoke(&mut self, token: &[u8], fence: u64, now: u64) -> bool {
         let current = self
-            .live_holders(now)
-            .any(|(f, h)| f == fence && *h.token == *token && h.provisional);
+            .grant_of(token, fence, now)
+            .is_some_and(|h| h.provisional);
         if current {
             self.end_hold(token, now);
         }
         current
+    }
+
+    /// The live hold of `token` with the grant `fence`, if it still has it at `now`.
+    pub fn grant_of(&self, token: &[u8], fence: u64, now: u64) -> Option<&Holder> {
+        self.live_holders(now)
+            .find(|(f, h)| *f == fence && *h.token == *token)
+            .map(|(_, h)| h)
     }
 
     /// True when `fence` is the fence of a current, unexpired holder.

@@ -126,7 +126,7 @@ pub fn abandon_answer(ctx: &Context, id: u64) -> Option<LockError> {
     };
     // Told undone unless it stands for good: a provisional grant may still be made firm before
     // the next run, which keeps it (the safe way round: the client was told not to rely on it).
-    let undone = grant.is_some_and(|(token, fence)| !stands(ctx, &key, &token, fence, true));
+    let undone = grant.is_some_and(|(token, fence)| !is_firm(ctx, &key, &token, fence));
     Some(LockError::NotAcknowledged {
         undone,
         replicas: sync.replicas,
@@ -134,22 +134,22 @@ pub fn abandon_answer(ctx: &Context, id: u64) -> Option<LockError> {
     })
 }
 
-/// True when `token` still holds the lock under `key` with the grant `fence` (and, with
-/// `firm`, that grant is no longer provisional).
-fn stands(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, firm: bool) -> bool {
+/// True when `token` still holds the lock under `key` with the grant `fence`, no longer
+/// provisional.
+fn is_firm(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64) -> bool {
     let original = selected_db(ctx);
-    let mut stands = false;
+    let mut firm = false;
     if select_db(ctx, *db) {
         let handle = ctx.open_key(&key_string(ctx, key));
         if let Ok(Some(stored)) = in_key(&handle) {
-            stands = stored
+            firm = stored
                 .lock()
-                .live_holders(now_ms())
-                .any(|(f, h)| f == fence && *h.token == *token && !(firm && h.provisional));
+                .grant_of(token, fence, now_ms())
+                .is_some_and(|h| !h.provisional);
         }
     }
     select_db(ctx, original);
-    stands
+    firm
 }
 
 enum Outcome {
@@ -223,12 +223,9 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
         Outcome::TimedOut | Outcome::Abandoned => {
             metrics::SYNC_FAILED.incr();
             let undone = match &p.confirms {
-                Confirms::Grant { token, fence } => {
-                    take_back(ctx, &p.key, token, *fence, now);
-                    // Undone unless its token made it firm: taken back now, or already ended
-                    // (released, expired, forced).
-                    !stands(ctx, &p.key, token, *fence, false)
-                }
+                // Undone unless its token made it firm: taken back now, or already ended
+                // (released, expired, forced).
+                Confirms::Grant { token, fence } => !take_back(ctx, &p.key, token, *fence, now),
                 Confirms::Change => false,
             };
             Err(LockError::NotAcknowledged {
@@ -245,9 +242,10 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
 }
 
 /// Takes back an unacknowledged grant, as a release by its holder (announced, replicated), when
-/// it is still provisional.
-fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u64) {
+/// it is still provisional. True when the grant stands afterwards (its token made it firm).
+fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u64) -> bool {
     let original = selected_db(ctx);
+    let mut stands = false;
     if select_db(ctx, *db) {
         let name = key_string(ctx, key);
         let handle = ctx.open_key_writable(&name);
@@ -258,8 +256,11 @@ fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u
             if revoked.is_some() {
                 metrics::RELEASED.incr();
                 reclaim_if_due(ctx, &handle, &name, now);
+            } else {
+                stands = stored.lock().grant_of(token, fence, now).is_some();
             }
         }
     }
     select_db(ctx, original);
+    stands
 }

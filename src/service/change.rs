@@ -14,7 +14,7 @@ use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
-use crate::service::value::{in_key, in_key_mut, Stored, APPLY, LOCK_TYPE};
+use crate::service::value::{in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::{effects, leases};
 
@@ -236,16 +236,6 @@ pub fn end_session(ctx: &Context, key_name: &RedisString, session: &Session, now
             metrics::SESSION_RELEASED.incr();
         }
         reclaim_if_due(ctx, &key, key_name, now);
-    }
-}
-
-/// Wakes the watchers of `key` whose wait is over, without changing anything (replicas).
-pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
-    let key = ctx.open_key(key_name);
-    match in_key(&key) {
-        Ok(Some(stored)) => waiters::wake_watchers(ctx, key_name, stored.lock(), now),
-        Ok(None) => waiters::wake_watchers(ctx, key_name, &Lock::default(), now),
-        Err(_) => {}
     }
 }
 

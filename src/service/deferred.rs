@@ -14,7 +14,7 @@ use crate::host::timer;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
-use crate::service::{change, effects, safety};
+use crate::service::{change, effects, safety, waiters};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -84,7 +84,7 @@ fn run(ctx: &Context) {
                         change::settle_key(ctx, &name, now);
                     } else {
                         // Replicas only have LOCK.WAIT watchers, and never write.
-                        change::wake_watchers_of(ctx, &name, now);
+                        waiters::wake_watchers_of(ctx, &name, now);
                     }
                 }
             }

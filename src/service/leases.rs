@@ -8,21 +8,21 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use redis_module::Context;
 
-use crate::host::server::{is_primary, now_ms, selected_db};
-use crate::host::timer::{self, TimerId};
+use crate::host::server::{is_primary, selected_db};
+use crate::host::timer::{self, Earliest};
 use crate::lock::lease_index::{Due, LeaseIndex};
 use crate::lock::locked;
 use crate::service::value::{IndexPlan, Stored};
 
 struct Leases {
     index: LeaseIndex,
-    /// The armed timer and the time it fires.
-    armed: Option<(TimerId, u64)>,
+    /// The timer, armed for the earliest entry.
+    timer: Earliest,
 }
 
 static LEASES: Mutex<Leases> = Mutex::new(Leases {
     index: LeaseIndex::new(),
-    armed: None,
+    timer: Earliest::new(),
 });
 
 static DUE_HANDLER: OnceLock<timer::Callback> = OnceLock::new();
@@ -38,18 +38,8 @@ pub fn set_due_handler(handler: timer::Callback) {
 
 /// Arms the timer to fire at `at` unless it already fires no later.
 fn arm(ctx: &Context, leases: &mut Leases, at: u64) {
-    if leases.armed.is_some_and(|(_, fires)| fires <= at) {
-        return;
-    }
-    let Some(handler) = DUE_HANDLER.get().copied() else {
-        return;
-    };
-    if let Some((id, _)) = leases.armed.take() {
-        timer::stop(ctx, id);
-    }
-    let delay = at.saturating_sub(now_ms());
-    if let Some(id) = timer::create(ctx, delay, handler) {
-        leases.armed = Some((id, at));
+    if let Some(handler) = DUE_HANDLER.get().copied() {
+        leases.timer.arm(ctx, at, handler);
     }
 }
 
@@ -124,7 +114,7 @@ pub fn insert(ctx: &Context, at: u64, db: i32, id: u64, key: &[u8]) {
 
 /// In the timer's handler: forgets the timer that just fired.
 pub fn fired() {
-    leases().armed = None;
+    leases().timer.fired();
 }
 
 /// Takes the earliest entry if it is due at `now`.

@@ -21,14 +21,14 @@ use redis_module::{Context, RedisString};
 
 use crate::host::blocking::{self, BlockedClient};
 use crate::host::server::{key_string, now_ms, select_db, selected_db};
-use crate::host::timer::TimerId;
+use crate::host::timer::Earliest;
 use crate::host::{in_call, keys, timer};
 use crate::lock::core::Lock;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
 use crate::metrics;
-use crate::service::value::in_key_mut;
+use crate::service::value::in_key;
 
 static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
     LazyLock::new(|| Mutex::new(Queues::default()));
@@ -144,64 +144,59 @@ pub fn wake_watchers(ctx: &Context, key: &RedisString, lock: &Lock, now: u64) {
     }
 }
 
+/// Wakes the watchers of `key` whose wait is over, without changing anything (a replica, or a
+/// lock-delay that ended).
+pub fn wake_watchers_of(ctx: &Context, key_name: &RedisString, now: u64) {
+    let key = ctx.open_key(key_name);
+    match in_key(&key) {
+        Ok(Some(stored)) => wake_watchers(ctx, key_name, stored.lock(), now),
+        Ok(None) => wake_watchers(ctx, key_name, &Lock::default(), now),
+        Err(_) => {}
+    }
+}
+
 /// Keys whose watchers wait for a lock-delay to end, by its end, and the timer armed for the
-/// earliest (its id and time). Kept here rather than left to the lease timer, which expires
-/// nothing on a replica, where LOCK.WAIT works too.
+/// earliest. Kept here rather than left to the lease timer, which expires nothing on a replica,
+/// where LOCK.WAIT works too.
 struct DelayEnds {
     ends: BTreeSet<(u64, KeyRef)>,
-    armed: Option<(TimerId, u64)>,
+    timer: Earliest,
 }
 
 static DELAY_ENDS: Mutex<DelayEnds> = Mutex::new(DelayEnds {
     ends: BTreeSet::new(),
-    armed: None,
+    timer: Earliest::new(),
 });
 
 /// Looks at the watchers of `key` again at `at` (a lock-delay's end).
 pub fn watch_delay_end(ctx: &Context, key: KeyRef, at: u64) {
     let mut delays = locked(&DELAY_ENDS);
     delays.ends.insert((at, key));
-    if delays.armed.is_some_and(|(_, fires)| fires <= at) {
-        return;
-    }
-    if let Some((id, _)) = delays.armed.take() {
-        timer::stop(ctx, id);
-    }
-    let delay = at.saturating_sub(now_ms());
-    delays.armed = timer::create(ctx, delay, delays_ended).map(|id| (id, at));
+    delays.timer.arm(ctx, at, delays_ended);
 }
 
-/// The delay timer: wakes the watchers of every lock whose delay has ended, then re-arms.
+/// The delay timer: wakes the watchers of every lock whose delay has ended, then re-arms for
+/// the next end.
 fn delays_ended(ctx: &Context) {
     let now = now_ms();
-    let due: Vec<KeyRef> = {
+    let due = {
         let mut delays = locked(&DELAY_ENDS);
-        delays.armed = None;
+        delays.timer.fired();
         let later = delays
             .ends
             .split_off(&(now.saturating_add(1), (i32::MIN, Box::default())));
-        let due = std::mem::replace(&mut delays.ends, later);
-        due.into_iter().map(|(_, key)| key).collect()
+        std::mem::replace(&mut delays.ends, later)
     };
     let original = selected_db(ctx);
-    for (db, key) in due {
+    for (_, (db, key)) in due {
         if select_db(ctx, db) {
-            let name = key_string(ctx, &key);
-            let handle = keys::open_quietly(ctx, &name);
-            match in_key_mut(&handle) {
-                Ok(Some(stored)) => wake_watchers(ctx, &name, stored.lock(), now),
-                Ok(None) => wake_watchers(ctx, &name, &Lock::default(), now),
-                Err(_) => {}
-            }
+            wake_watchers_of(ctx, &key_string(ctx, &key), now);
         }
     }
     select_db(ctx, original);
-    let next = locked(&DELAY_ENDS)
-        .ends
-        .first()
-        .map(|(at, key)| (*at, key.clone()));
-    if let Some((at, key)) = next {
-        watch_delay_end(ctx, key, at);
+    let mut delays = locked(&DELAY_ENDS);
+    if let Some(&(at, _)) = delays.ends.first() {
+        delays.timer.arm(ctx, at, delays_ended);
     }
 }
 
