@@ -221,6 +221,16 @@ soak: release ## The soak test: SOAK_MINUTES (default 30) of mixed load with a r
 soak-ci: ## The soak test at CI scale (about 2 minutes)
 	@$(MAKE) --no-print-directory soak SOAK_MINUTES=1.5
 
+# The Prometheus integration (contrib/prometheus/) with the real components, by
+# tests/prometheus/run: promtool check and unit tests of the rules, then redis-server with the
+# debug module (long-hold 2000), Debian's redis_exporter 1.45 with -script lock.lua and
+# Prometheus with the rules, on free loopback ports; checks the lock metrics and the LockLongHold
+# alert through Prometheus' HTTP API, then stops all three. Installs prometheus and
+# prometheus-redis-exporter with apt-get when missing (as root), with no service started.
+.PHONY: prometheus-test
+prometheus-test: debug ## contrib/prometheus end to end: Redis, redis_exporter and Prometheus (about 10 s)
+	REDIS_SERVER="$(REDIS_SERVER)" tests/prometheus/run
+
 # A local Redis Cluster for trying the module out (.ci/cluster): 6 nodes on PORTS (3 primaries,
 # 3 replicas; bus ports +10000), every node with the release module and AOF on, data in
 # ./data/cluster. A second `make cluster` restarts the same cluster; rm -rf data/cluster starts
