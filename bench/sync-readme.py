@@ -12,7 +12,7 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 results = (root / "bench" / "results.md").read_text()
-readme_path = root / "README.md"
+readme_path = root / "bench" / "README.md"
 readme = readme_path.read_text()
 
 header = re.search(r"^(Redis \S+) on \d+ cores.*?; (\d+) s in all", results, re.M)

@@ -50,13 +50,26 @@ pub static TOMBSTONE_TTL: NumericConfig =
 /// long (Consul's rule), so a paused holder has time to notice before anyone else starts.
 pub static LOCK_DELAY: NumericConfig = NumericConfig::new("lock-delay", 0, 0, 86_400_000);
 
-pub static ALL: [&NumericConfig; 5] = [
+/// A hold that lasts longer than this many ms is a long hold: counted (`lock_long_holds`),
+/// announced once (`lock.longhold`) and logged (`LOCK.LONGHOLDS`); 0: none is (the default).
+pub static LONG_HOLD: NumericConfig = NumericConfig::new("long-hold", 0, 0, 31_536_000_000);
+/// The most entries the long-hold log keeps.
+pub static LONG_HOLD_LOG_LEN: NumericConfig =
+    NumericConfig::new("long-hold-log-len", 128, 0, 10_000);
+pub static ALL: [&NumericConfig; 7] = [
     &MAX_TTL,
     &MAX_TOKEN_LEN,
     &MAX_WAITERS,
     &TOMBSTONE_TTL,
     &LOCK_DELAY,
+    &LONG_HOLD,
+    &LONG_HOLD_LOG_LEN,
 ];
+
+/// `lock.long-hold` in ms (0: off).
+pub fn long_hold() -> u64 {
+    u64::try_from(LONG_HOLD.get()).unwrap_or(0)
+}
 
 /// Finds the load-time value of `config` among the module arguments (`name value` pairs,
 /// with or without the `lock.` prefix). Returns the default when absent.

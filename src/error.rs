@@ -4,6 +4,8 @@ use std::fmt;
 
 use redis_module::RedisError;
 
+use crate::lock::core::MAX_LABEL_LEN;
+
 /// One variant per reply a client may get; [`LockError::reply`] is the exact text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockError {
@@ -22,6 +24,13 @@ pub enum LockError {
         max: i64,
     },
     EmptyToken,
+    /// A subcommand the command does not have.
+    UnknownSubcommand {
+        command: &'static str,
+        expected: &'static str,
+    },
+    /// A LABEL that is not printable ASCII without spaces, or too long.
+    BadLabel,
     TokenTooLong {
         max: i64,
     },
@@ -97,6 +106,12 @@ impl LockError {
                 format!("ERR invalid {name}: exceeds {config} ({max})")
             }
             LockError::EmptyToken => "ERR invalid token: must not be empty".into(),
+            LockError::UnknownSubcommand { command, expected } => {
+                format!("ERR unknown subcommand or wrong number of arguments for {command} (expected {expected})")
+            }
+            LockError::BadLabel => format!(
+                "ERR invalid label: printable ASCII without spaces, at most {MAX_LABEL_LEN} bytes"
+            ),
             LockError::TokenTooLong { max } => {
                 format!("ERR invalid token: longer than lock.max-token-len ({max} bytes)")
             }

@@ -27,7 +27,7 @@ use std::ffi::CStr;
 use host::command::{entry, entry_declaring_keys, ArgDef, ArgKind, CommandDef, KeyAccess, Keys};
 use service::commands::{
     LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockGuard, LockInfo,
-    LockMacquire, LockMrelease, LockRelease, LockRenew, LockWait,
+    LockLongholds, LockMacquire, LockMrelease, LockRelease, LockRenew, LockWait, LockWho,
 };
 
 /// Rust allocations go through Redis' allocator, so INFO memory, MEMORY USAGE and maxmemory
@@ -37,10 +37,34 @@ use service::commands::{
 static ALLOCATOR: redis_module::alloc::RedisAlloc = redis_module::alloc::RedisAlloc;
 
 pub const MODULE_NAME: &CStr = c"lock";
-pub const MODULE_VERSION: i32 = 1;
+/// The crate's version as `MODULE LIST` shows it: major * 10000 + minor * 100 + patch (0.2.0 is
+/// 200), as other modules encode theirs.
+pub const MODULE_VERSION: i32 = version_number(
+    env!("CARGO_PKG_VERSION_MAJOR"),
+    env!("CARGO_PKG_VERSION_MINOR"),
+    env!("CARGO_PKG_VERSION_PATCH"),
+);
+/// The crate's version, e.g. `0.2.0` (INFO `lock_version`, the load log line).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `major * 10000 + minor * 100 + patch` from the three decimal numbers.
+const fn version_number(major: &str, minor: &str, patch: &str) -> i32 {
+    const fn number(digits: &str) -> i32 {
+        let digits = digits.as_bytes();
+        let mut value = 0;
+        let mut i = 0;
+        while i < digits.len() {
+            value = value * 10 + (digits[i] - b'0') as i32;
+            i += 1;
+        }
+        value
+    }
+    number(major) * 10_000 + number(minor) * 100 + number(patch)
+}
 /// The module's own ACL category (Redis 7.4+), holding every LOCK.* command.
 const ACL_CATEGORY: &CStr = c"lock";
-pub const SINCE: &CStr = c"0.1.0";
+/// The version that brought the first commands; later ones name their own.
+const SINCE: &CStr = c"0.1.0";
 
 const KEY: ArgDef = ArgDef::new(c"key", ArgKind::Key);
 const TOKEN: ArgDef = ArgDef::new(c"token", ArgKind::String);
@@ -54,6 +78,9 @@ const SYNC: ArgDef = ArgDef::new(
 )
 .token(c"SYNC")
 .optional();
+const LABEL: ArgDef = ArgDef::new(c"label", ArgKind::String)
+    .token(c"LABEL")
+    .optional();
 
 /// The complexity of a command on one key: a shared lock or a semaphore is looked through.
 const PER_HOLDER: &CStr = c"O(1), or O(N) for a key with N shared or permit holders";
@@ -84,8 +111,10 @@ pub static COMMANDS: &[CommandDef] = &[
                 ]),
             )
             .optional(),
+            LABEL,
         ],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.release",
@@ -97,6 +126,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY, TOKEN],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.renew",
@@ -108,6 +138,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY, TOKEN, TTL, SYNC],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.fence",
@@ -119,6 +150,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY, ArgDef::new(c"fence", ArgKind::Integer)],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.wait",
@@ -130,6 +162,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY, ArgDef::new(c"timeout-ms", ArgKind::Integer)],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.info",
@@ -141,6 +174,48 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY],
         acl: c"",
+        since: SINCE,
+    },
+    CommandDef {
+        name: c"lock.who",
+        callback: entry::<LockWho>,
+        flags: c"readonly",
+        arity: -2,
+        keys: Keys::First(KeyAccess::Read),
+        summary: c"Lists who holds the lock and who waits for it, in queue order: client id, name, address, label, times; never the token.",
+        complexity: c"O(N + M) where N is the number of holders and M the number of waiters listed",
+        args: &[
+            KEY,
+            ArgDef::new(c"count", ArgKind::Integer).token(c"COUNT").optional(),
+            ArgDef::new(c"client-id", ArgKind::Integer).token(c"CLIENT").optional(),
+        ],
+        acl: c"",
+        since: c"0.2.0",
+    },
+    CommandDef {
+        name: c"lock.longholds",
+        callback: entry::<LockLongholds>,
+        flags: c"admin allow-loading allow-stale",
+        arity: -2,
+        keys: Keys::None,
+        summary: c"The long-hold log: holds that lasted longer than lock.long-hold, newest first, with who held them and how they ended (GET [count], LEN, RESET).",
+        complexity: c"O(N) where N is the number of entries returned",
+        args: &[ArgDef::new(
+            c"subcommand",
+            ArgKind::OneOf(&[
+                ArgDef::new(
+                    c"get",
+                    ArgKind::Block(&[
+                        ArgDef::new(c"get", ArgKind::PureToken).token(c"GET"),
+                        ArgDef::new(c"count", ArgKind::Integer).optional(),
+                    ]),
+                ),
+                ArgDef::new(c"len", ArgKind::PureToken).token(c"LEN"),
+                ArgDef::new(c"reset", ArgKind::PureToken).token(c"RESET"),
+            ]),
+        )],
+        acl: c"",
+        since: c"0.2.0",
     },
     CommandDef {
         name: c"lock.forcerelease",
@@ -152,6 +227,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: PER_HOLDER,
         args: &[KEY],
         acl: c"dangerous",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.macquire",
@@ -169,8 +245,10 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"timeout-ms", ArgKind::Integer).token(c"WAIT").optional(),
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
             ArgDef::new(c"lock-delay", ArgKind::Integer).token(c"LOCKDELAY").optional(),
+            LABEL,
         ],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.mrelease",
@@ -186,6 +264,7 @@ pub static COMMANDS: &[CommandDef] = &[
             TOKEN,
         ],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.guard",
@@ -202,6 +281,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"arg", ArgKind::String).optional().multiple(),
         ],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.apply",
@@ -215,8 +295,10 @@ pub static COMMANDS: &[CommandDef] = &[
             KEY,
             ArgDef::new(c"state", ArgKind::String),
             ArgDef::new(c"token", ArgKind::String).optional(),
+            ArgDef::new(c"who", ArgKind::String).optional(),
         ],
         acl: c"",
+        since: SINCE,
     },
     CommandDef {
         name: c"lock.floor",
@@ -228,6 +310,7 @@ pub static COMMANDS: &[CommandDef] = &[
         complexity: c"O(1)",
         args: &[ArgDef::new(c"floor", ArgKind::Integer)],
         acl: c"",
+        since: SINCE,
     },
 ];
 
@@ -258,7 +341,7 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     host::config::load(ctx)?;
     let category = host::command::add_acl_category(ctx, ACL_CATEGORY);
     for command in COMMANDS {
-        host::command::create_command(ctx, command, category, SINCE)?;
+        host::command::create_command(ctx, command, category)?;
     }
     host::info::register::<service::Info>(ctx)?;
     let server = host::api::ServerName::read(ctx);
@@ -270,11 +353,11 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         host::set_module_options(ctx, host::api::VALKEY_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION);
     }
     service::leases::set_due_handler(service::expiry::on_due);
-    service::value::set_forget_entries(service::leases::forget);
+    service::value::set_forget_entries(service::holds::forget);
     host::set_after_call(service::handoff::serve_ready);
     service::safety::check(ctx);
     host::log_notice(&format!(
-        "lock module: on {}; {}",
+        "lock module {VERSION} (MODULE LIST ver {MODULE_VERSION}): on {}; {}",
         server,
         host::api::Optional::probe(slot_imports).describe()
     ));

@@ -41,10 +41,21 @@ const SUB_BITS: u32 = 3;
 const SUB_BUCKETS: usize = 1 << SUB_BITS;
 const BUCKETS: usize = EXACT as usize + (64 - 4) * SUB_BUCKETS;
 
+/// The most bounds of a histogram's cumulative buckets (see [`Histogram::cumulative`]).
+const MAX_BOUNDS: usize = 15;
+
 /// A log-linear histogram of durations in µs: lock-free, O(1) to record, a few hundred atomics.
+/// Beside it, counts per fixed bound in ms and the sum, which INFO shows as cumulative buckets
+/// that Prometheus can add up across servers.
 pub struct Histogram {
     buckets: [AtomicU64; BUCKETS],
     max: AtomicU64,
+    /// Upper bounds in ms, increasing; a last, unbounded bucket follows.
+    bounds: &'static [u64],
+    /// Samples per bound (not cumulative): `at_most[i]` counts those above `bounds[i - 1]` and
+    /// at most `bounds[i]`; the one after the last bound counts the rest.
+    at_most: [AtomicU64; MAX_BOUNDS + 1],
+    sum_us: AtomicU64,
 }
 
 fn bucket_of(value: u64) -> usize {
@@ -68,16 +79,43 @@ fn value_of(bucket: usize) -> u64 {
 }
 
 impl Histogram {
-    pub const fn new() -> Self {
+    /// A histogram whose cumulative buckets end at `bounds` (ms, increasing, at most
+    /// [`MAX_BOUNDS`] of them).
+    pub const fn new(bounds: &'static [u64]) -> Self {
         Histogram {
             buckets: [const { AtomicU64::new(0) }; BUCKETS],
             max: AtomicU64::new(0),
+            bounds,
+            at_most: [const { AtomicU64::new(0) }; MAX_BOUNDS + 1],
+            sum_us: AtomicU64::new(0),
         }
     }
 
     pub fn record(&self, micros: u64) {
         self.buckets[bucket_of(micros)].fetch_add(1, Ordering::Relaxed);
         self.max.fetch_max(micros, Ordering::Relaxed);
+        let bounds = &self.bounds[..self.bounds.len().min(MAX_BOUNDS)];
+        let slot = bounds.partition_point(|ms| ms.saturating_mul(1000) < micros);
+        self.at_most[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// The cumulative buckets: per bound (ms), the samples at most that long, then every sample
+    /// (the `+Inf` bucket, equal to the count).
+    pub fn cumulative(&self) -> Vec<(Option<u64>, u64)> {
+        let bounds = &self.bounds[..self.bounds.len().min(MAX_BOUNDS)];
+        let mut total = 0;
+        let mut out = Vec::with_capacity(bounds.len() + 1);
+        for (slot, bound) in bounds.iter().map(Some).chain([None]).enumerate() {
+            total += self.at_most[slot].load(Ordering::Relaxed);
+            out.push((bound.copied(), total));
+        }
+        out
+    }
+
+    /// The sum of all samples, in ms.
+    pub fn sum_ms(&self) -> u64 {
+        self.sum_us.load(Ordering::Relaxed) / 1000
     }
 
     pub fn count(&self) -> u64 {
@@ -109,12 +147,6 @@ impl Histogram {
     }
 }
 
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram::new()
-    }
-}
-
 static MONOTONIC_EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Monotonic time in µs since the module first asked: for durations only.
@@ -123,9 +155,12 @@ pub fn monotonic_us() -> u64 {
 }
 
 /// How long successful acquires waited for their grant (0-ish for an immediate grant).
-pub static ACQUIRE_WAIT: Histogram = Histogram::new();
+pub static ACQUIRE_WAIT: Histogram =
+    Histogram::new(&[1, 5, 10, 50, 100, 500, 1_000, 5_000, 10_000, 30_000, 60_000]);
 /// How long locks were held, grant to release, expiry, forced release or session end.
-pub static HOLD: Histogram = Histogram::new();
+pub static HOLD: Histogram = Histogram::new(&[
+    10, 100, 1_000, 10_000, 60_000, 300_000, 1_800_000, 3_600_000,
+]);
 
 /// Lock values in the keyspace (held or free).
 pub static KEYS: Gauge = Gauge::new();
@@ -160,6 +195,8 @@ pub static GUARD_REJECTS: Counter = Counter::new();
 /// New shared holds, and new permits of semaphores (both also counted in `ACQUIRED`).
 pub static SHARED_GRANTS: Counter = Counter::new();
 pub static PERMIT_GRANTS: Counter = Counter::new();
+/// Holds that lasted longer than `lock.long-hold`.
+pub static LONG_HOLDS: Counter = Counter::new();
 
 /// The fields of `INFO lock`, in order, without the `lock_` prefix Redis adds.
 pub fn fields() -> Vec<(&'static str, i64)> {
@@ -195,7 +232,26 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("hold_p50_us", us(HOLD.quantile(0.5))),
         ("hold_p99_us", us(HOLD.quantile(0.99))),
         ("hold_max_us", us(HOLD.max())),
+        ("long_holds", c(&LONG_HOLDS)),
     ]
+}
+
+/// The cumulative buckets of a histogram as INFO fields named `<name>_bucket_le_<ms>` (the last
+/// `_le_inf`), then `<name>_sum` and `<name>_count`.
+pub fn bucket_fields(name: &str, histogram: &Histogram) -> Vec<(String, i64)> {
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let buckets = histogram.cumulative();
+    let count = buckets.last().map_or(0, |(_, total)| *total);
+    let mut fields: Vec<(String, i64)> = buckets
+        .into_iter()
+        .map(|(bound, total)| {
+            let le = bound.map_or_else(|| "inf".to_string(), |ms| ms.to_string());
+            (format!("{name}_bucket_le_{le}"), n(total))
+        })
+        .collect();
+    fields.push((format!("{name}_sum"), n(histogram.sum_ms())));
+    fields.push((format!("{name}_count"), n(count)));
+    fields
 }
 
 #[cfg(test)]
@@ -225,8 +281,31 @@ mod tests {
     }
 
     #[test]
+    fn cumulative_buckets_count_each_sample_at_its_bound_and_above() {
+        let h = Histogram::new(&[1, 10]);
+        for micros in [0, 1_000, 1_001, 10_000, 50_000] {
+            h.record(micros);
+        }
+        assert_eq!(h.cumulative(), [(Some(1), 2), (Some(10), 4), (None, 5)]);
+        assert_eq!(h.sum_ms(), 62);
+        let fields = bucket_fields("wait_ms", &h);
+        let names: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "wait_ms_bucket_le_1",
+                "wait_ms_bucket_le_10",
+                "wait_ms_bucket_le_inf",
+                "wait_ms_sum",
+                "wait_ms_count"
+            ]
+        );
+        assert_eq!(fields[4].1, 5);
+    }
+
+    #[test]
     fn quantiles_of_a_known_distribution() {
-        let h = Histogram::new();
+        let h = Histogram::new(&[]);
         assert_eq!(h.quantile(0.5), 0);
         for v in 1..=1000 {
             h.record(v);

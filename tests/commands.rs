@@ -17,7 +17,16 @@ fn module_loads_as_lock_with_the_lockstate_type() {
         .find(|fields| fields[0] == Reply::bulk("name") && fields[1] == Reply::bulk("lock"));
     let lock = lock.unwrap_or_else(|| panic!("no module named lock in {modules:?}"));
     assert_eq!(lock[2], Reply::bulk("ver"));
-    assert_eq!(lock[3], Reply::Int(1));
+    // MODULE LIST's version: major * 10000 + minor * 100 + patch of the crate's version.
+    let version: Vec<i64> = env!("CARGO_PKG_VERSION")
+        .split('.')
+        .map(|part| part.parse().unwrap())
+        .collect();
+    assert_eq!(
+        lock[3],
+        Reply::Int(version[0] * 10_000 + version[1] * 100 + version[2])
+    );
+    assert_eq!(lock[3], Reply::Int(200));
     acquire(&mut c, "k", "tok", 1000);
     assert_eq!(c.call(&["TYPE", "k"]), Reply::status("lockstate"));
 }
@@ -308,7 +317,7 @@ fn bad_tokens_and_options_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"],
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED or LIMIT)",
+            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)",
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"],

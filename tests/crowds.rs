@@ -286,6 +286,52 @@ fn a_crowd_of_waiters_on_one_lock_disconnecting_at_once() {
 }
 
 #[test]
+fn who_lists_a_crowd_of_waiters_bounded_by_count() {
+    let _serial = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server, socket, size) = crowd_server(dir.path());
+    let mut c = server.conn();
+    acquire(&mut c, "k", "holder", 600_000);
+    let mut crowd = Crowd::gather(&socket, size, "LOCK.ACQUIRE k t{i} 1000 WAIT 0 LABEL w{i}");
+    let started = Instant::now();
+    while blocked(&server) < size as i64 {
+        assert!(started.elapsed() < CROWD_PATIENCE, "the crowd to block");
+        thread::sleep(Duration::from_millis(10));
+    }
+    let field = |reply: &Reply, name: &str| -> Reply {
+        let items = reply.items();
+        let at = items.iter().step_by(2).position(|f| f.text() == name);
+        items[at.expect(name) * 2 + 1].clone()
+    };
+    // Without COUNT: the first ten, in queue order, and the total.
+    let who = c.call(&["LOCK.WHO", "k"]);
+    assert_eq!(field(&who, "waiters_total"), Reply::Int(size as i64));
+    let first = field(&who, "waiters");
+    let positions: Vec<i64> = first
+        .items()
+        .iter()
+        .map(|w| field(w, "position").int())
+        .collect();
+    assert_eq!(positions, (1..=10).collect::<Vec<i64>>());
+    // COUNT 10000 lists them all (up to that many); a client finds its own place.
+    let all = field(&c.call(&["LOCK.WHO", "k", "COUNT", "10000"]), "waiters");
+    assert_eq!(all.items().len(), size.min(10_000));
+    let middle = &all.items()[size / 2];
+    assert!(field(middle, "label").text().starts_with('w'));
+    let id = field(middle, "client_id").int().to_string();
+    let mine = field(&c.call(&["LOCK.WHO", "k", "CLIENT", &id]), "waiters");
+    assert_eq!(mine.items().len(), 1);
+    assert_eq!(
+        field(&mine.items()[0], "position"),
+        Reply::Int(size as i64 / 2 + 1)
+    );
+    crowd.disperse();
+    wait_unblocked(&server);
+}
+
+#[test]
 fn a_crowd_of_waiters_on_as_many_locks_disconnecting_at_once() {
     let _serial = SERIAL
         .lock()

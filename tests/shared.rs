@@ -593,8 +593,9 @@ fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
         .filter(|c| c[0] == "LOCK.APPLY")
         .collect();
     assert_eq!(effects.len(), 3, "{effects:?}");
-    // State, then the member's state and token, or (gone) its token alone.
-    assert_eq!(effects[0].len(), 5, "{:?}", effects[0]);
+    // State, then the member's state, token and who holds it (`addr name label`), or (gone)
+    // its token alone.
+    assert_eq!(effects[0].len(), 6, "{:?}", effects[0]);
     assert!(
         effects[0][2].starts_with(&format!("acquire:{new}:")),
         "{:?}",
@@ -606,8 +607,17 @@ fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
         effects[0]
     );
     assert_eq!(effects[0][4], "late");
-    assert_eq!(effects[1].len(), 5);
+    let (addr, _) = p
+        .call(&["CLIENT", "INFO"])
+        .text()
+        .split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .map(|a| (a.to_string(), ()))
+        .unwrap();
+    assert_eq!(effects[0][5], format!("{addr}  "));
+    assert_eq!(effects[1].len(), 6);
     assert_eq!(effects[1][4], "r7");
+    assert_eq!(effects[1][5], format!("{addr}  "));
     assert_eq!(effects[2].len(), 4);
     assert_eq!(effects[2][3], "r9");
     // A replica that follows these changes holds the same locks.

@@ -133,14 +133,46 @@ pub fn reply(ctx: &Context, outcome: CommandResult) {
 
 /// Replies with field/value pairs: a map in RESP3, a flat array in RESP2.
 pub fn reply_map(ctx: &Context, fields: Vec<(&'static str, RedisValue)>) -> CommandResult {
-    let len = c_long::try_from(fields.len()).unwrap_or(0);
-    raw::reply_with_map(ctx.ctx, len);
-    // The map header is followed by exactly 2 * len replies.
-    for (name, value) in fields {
-        ctx.reply(Ok(RedisValue::SimpleStringStatic(name)));
-        ctx.reply(Ok(value));
-    }
+    let fields = fields
+        .into_iter()
+        .map(|(name, value)| (name, Nested::Value(value)));
+    reply_nested(ctx, Nested::Map(fields.collect()))
+}
+
+/// A reply with maps inside arrays: each map is a map in RESP3, a flat field/value array in
+/// RESP2.
+pub enum Nested {
+    Value(RedisValue),
+    Map(Vec<(&'static str, Nested)>),
+    List(Vec<Nested>),
+}
+
+/// Sends `reply` (the command then returns `NoReply`).
+pub fn reply_nested(ctx: &Context, reply: Nested) -> CommandResult {
+    send_nested(ctx, reply);
     Ok(RedisValue::NoReply)
+}
+
+fn send_nested(ctx: &Context, reply: Nested) {
+    match reply {
+        Nested::Value(value) => {
+            ctx.reply(Ok(value));
+        }
+        Nested::Map(fields) => {
+            raw::reply_with_map(ctx.ctx, c_long::try_from(fields.len()).unwrap_or(0));
+            // The map header is followed by exactly 2 * len replies.
+            for (name, value) in fields {
+                ctx.reply(Ok(RedisValue::SimpleStringStatic(name)));
+                send_nested(ctx, value);
+            }
+        }
+        Nested::List(items) => {
+            raw::reply_with_array(ctx.ctx, c_long::try_from(items.len()).unwrap_or(0));
+            for item in items {
+                send_nested(ctx, item);
+            }
+        }
+    }
 }
 
 /// Where a command's keys are (key specs, for cluster routing, ACL key patterns and COMMAND
@@ -308,6 +340,8 @@ pub struct CommandDef {
     pub args: &'static [ArgDef],
     /// ACL categories set where the server supports it (Redis 7.2+).
     pub acl: &'static CStr,
+    /// The module version that added the command (COMMAND DOCS `since`).
+    pub since: &'static CStr,
 }
 
 fn zeroed_arg() -> raw::RedisModuleCommandArg {
@@ -383,7 +417,6 @@ pub fn create_command(
     ctx: &Context,
     def: &CommandDef,
     category: Option<&'static CStr>,
-    since: &'static CStr,
 ) -> Result<(), String> {
     let name = def.name.to_string_lossy();
     // SAFETY: reading the API table Redis filled in at load.
@@ -442,7 +475,7 @@ pub fn create_command(
         version: &version,
         summary: def.summary.as_ptr(),
         complexity: def.complexity.as_ptr(),
-        since: since.as_ptr(),
+        since: def.since.as_ptr(),
         history: ptr::null_mut(),
         tips: ptr::null(),
         arity: def.arity,

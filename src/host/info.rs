@@ -7,9 +7,11 @@ use redis_module::Context;
 
 use crate::host::{guarded, ERR};
 
-/// What the section shows: integer fields, without the `lock_` prefix Redis adds.
+/// What the section shows: text fields, then integer fields, without the `lock_` prefix Redis
+/// adds.
 pub trait Section {
-    fn fields() -> Vec<(&'static str, i64)>;
+    fn text_fields() -> Vec<(&'static str, String)>;
+    fn fields() -> Vec<(String, i64)>;
 }
 
 pub fn register<S: Section>(ctx: &Context) -> Result<(), String> {
@@ -27,16 +29,23 @@ pub fn register<S: Section>(ctx: &Context) -> Result<(), String> {
 extern "C" fn info<S: Section>(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
     guarded((), || {
         // SAFETY: reading the API table Redis filled in at load.
-        let (Some(section), Some(field)) = (unsafe {
+        let (Some(section), Some(field), Some(text_field)) = (unsafe {
             (
                 raw::RedisModule_InfoAddSection,
                 raw::RedisModule_InfoAddFieldLongLong,
+                raw::RedisModule_InfoAddFieldCString,
             )
         }) else {
             return;
         };
         // SAFETY: a valid info context and a NUL-terminated (empty: the module's) section name.
         unsafe { section(ctx, c"".as_ptr()) };
+        for (name, value) in S::text_fields() {
+            if let (Ok(name), Ok(value)) = (CString::new(name), CString::new(value)) {
+                // SAFETY: a valid info context and NUL-terminated name and value.
+                unsafe { text_field(ctx, name.as_ptr(), value.as_ptr()) };
+            }
+        }
         for (name, value) in S::fields() {
             if let Ok(name) = CString::new(name) {
                 // SAFETY: a valid info context and a NUL-terminated field name.

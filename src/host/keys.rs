@@ -40,14 +40,15 @@ pub fn notify(ctx: &Context, class: NotifyEvent, event: &CStr, key: &RedisString
     }
 }
 
-/// Replicates `command key state [token]` to replicas and the AOF (inside the MULTI/EXEC Redis
+/// Replicates `command key state [token [who]]` (`holder`: none, the token, or the token and
+/// who holds) to replicas and the AOF (inside the MULTI/EXEC Redis
 /// wraps around everything one call replicates). Redis builds the argument strings itself.
 pub fn replicate_key_state(
     ctx: &Context,
     command: &CStr,
     key: &RedisString,
     state: &[u8],
-    token: Option<&[u8]>,
+    holder: &[&[u8]],
 ) {
     // SAFETY: reading the API table Redis filled in at load.
     let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
@@ -56,8 +57,8 @@ pub fn replicate_key_state(
     // SAFETY: a valid context; the format ("s" = a RedisModuleString, "b" = pointer and length)
     // matches the arguments, and every pointer outlives the call (Redis copies them).
     unsafe {
-        match token {
-            None => replicate(
+        match *holder {
+            [] => replicate(
                 ctx.ctx,
                 command.as_ptr(),
                 c"sb".as_ptr(),
@@ -65,7 +66,7 @@ pub fn replicate_key_state(
                 state.as_ptr(),
                 state.len(),
             ),
-            Some(token) => replicate(
+            [token] => replicate(
                 ctx.ctx,
                 command.as_ptr(),
                 c"sbb".as_ptr(),
@@ -74,6 +75,18 @@ pub fn replicate_key_state(
                 state.len(),
                 token.as_ptr(),
                 token.len(),
+            ),
+            [token, who, ..] => replicate(
+                ctx.ctx,
+                command.as_ptr(),
+                c"sbbb".as_ptr(),
+                key.inner,
+                state.as_ptr(),
+                state.len(),
+                token.as_ptr(),
+                token.len(),
+                who.as_ptr(),
+                who.len(),
             ),
         };
     }

@@ -175,3 +175,119 @@ pub fn avoid_replica_traffic() -> bool {
     // SAFETY: the call only reads server state; its presence is checked.
     unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|f| f() != 0) }
 }
+
+/// Copies a string the server handed over and frees it (once; null: empty).
+///
+/// # Safety
+/// `string` is null or a live string created for `ctx` that nothing else frees.
+unsafe fn take_string(ctx: &Context, string: *mut raw::RedisModuleString) -> Vec<u8> {
+    if string.is_null() {
+        return Vec::new();
+    }
+    let mut len = 0;
+    // SAFETY: `string` is live (the caller's promise); its bytes are copied before it is freed,
+    // exactly once, here.
+    unsafe {
+        let bytes = match raw::RedisModule_StringPtrLen {
+            Some(ptr_len) => {
+                let data = ptr_len(string, &mut len);
+                if data.is_null() {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(data.cast::<u8>(), len).to_vec()
+                }
+            }
+            None => Vec::new(),
+        };
+        if let Some(free) = raw::RedisModule_FreeString {
+            free(ctx.ctx, string);
+        }
+        bytes
+    }
+}
+
+/// What operators see of a connected client: `addr name`, its address (`ip:port`, or the unix
+/// socket's path) and its name (empty when none), separated by one space; empty when no such
+/// client is connected (a fake client: AOF loading, the primary's link sees its own). A space
+/// inside an address becomes `_`, so the two parts stay apart.
+pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
+    let mut info = raw::RedisModuleClientInfo {
+        version: 1,
+        flags: 0,
+        id: 0,
+        addr: [0; 46],
+        port: 0,
+        db: 0,
+    };
+    // SAFETY: a version-1 structure, which the server fills in; the pointer lives for the call.
+    let found = unsafe {
+        raw::RedisModule_GetClientInfoById.is_some_and(|get| {
+            get(
+                std::ptr::addr_of_mut!(info).cast::<std::ffi::c_void>(),
+                client,
+            ) == OK
+        })
+    };
+    if client == 0 || !found {
+        return Vec::new();
+    }
+    let addr_len = info
+        .addr
+        .iter()
+        .position(|c| *c == 0)
+        .unwrap_or(info.addr.len());
+    let mut text: Vec<u8> = info.addr[..addr_len]
+        .iter()
+        .map(|c| match *c as u8 {
+            b' ' => b'_',
+            byte => byte,
+        })
+        .collect();
+    if info.flags & u64::from(raw::REDISMODULE_CLIENTINFO_FLAG_UNIXSOCKET) == 0 {
+        text.extend_from_slice(format!(":{}", info.port).as_bytes());
+    }
+    text.push(b' ');
+    // SAFETY: a valid context; the name (null when the client has none, or the server lacks the
+    // call) is copied and freed once.
+    let name = unsafe {
+        match raw::RedisModule_GetClientNameById {
+            Some(get) => take_string(ctx, get(ctx.ctx, client)),
+            None => Vec::new(),
+        }
+    };
+    text.extend(name.into_iter().filter(|b| *b != b' '));
+    text
+}
+
+/// The ACL user of a connected client (empty when unknown), for the audit log.
+pub fn user_of(ctx: &Context, client: u64) -> Vec<u8> {
+    // SAFETY: a valid context; the name is copied and freed once.
+    unsafe {
+        match raw::RedisModule_GetClientUserNameById {
+            Some(get) => take_string(ctx, get(ctx.ctx, client)),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// True when a client with this id is connected now.
+pub fn is_connected(client: u64) -> bool {
+    let mut info = raw::RedisModuleClientInfo {
+        version: 1,
+        flags: 0,
+        id: 0,
+        addr: [0; 46],
+        port: 0,
+        db: 0,
+    };
+    // SAFETY: a version-1 structure, which the server fills in; the pointer lives for the call.
+    client != 0
+        && unsafe {
+            raw::RedisModule_GetClientInfoById.is_some_and(|get| {
+                get(
+                    std::ptr::addr_of_mut!(info).cast::<std::ffi::c_void>(),
+                    client,
+                ) == OK
+            })
+        }
+}

@@ -17,7 +17,7 @@
 //! [`holder_from`], so they cannot disagree on what a valid holder is.
 
 use crate::error::LockError;
-use crate::lock::core::{Group, Holder, Lock, Member, MemberChange, MAX_FENCE, MAX_HOLDERS};
+use crate::lock::core::{Grant, Group, Holder, Lock, Member, MemberChange, MAX_FENCE, MAX_HOLDERS};
 use crate::lock::event::Event;
 use crate::lock::floor;
 
@@ -26,8 +26,10 @@ use crate::lock::floor;
 /// (a delay field follows the flags), and holder flag 2 (free, with the end of a running
 /// lock-delay following). A lock without lock-delay is written exactly as in version 1, and
 /// version 1 values still load. Version 3 adds shared and permit holders (holder flag 3); a lock
-/// without them is written as in version 2. Part of every RDB file that holds a lock.
-pub const ENCODING_VERSION: i32 = 3;
+/// without them is written as in version 2. Version 4 adds who was granted a hold: flags bit 2,
+/// then the grant time and client id after the delay, and the `addr name label` bytes after
+/// the numbers. Part of every RDB file that holds a lock; older versions still load.
+pub const ENCODING_VERSION: i32 = 4;
 /// The newest encoding version of the RDB aux field (the fence floor). Redis hands the aux field
 /// the type's encoding version: the floor is written the same way in every version.
 pub const AUX_VERSION: i32 = ENCODING_VERSION;
@@ -35,7 +37,11 @@ pub const AUX_VERSION: i32 = ENCODING_VERSION;
 const FLAG_SESSION: u64 = 1;
 /// The grant has a lock-delay: its field follows the flags.
 const FLAG_DELAY: u64 = 2;
-const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY;
+/// Who was granted the hold is known (version 4): the grant time and client id follow the
+/// flags (and the delay), and the `addr name label` bytes follow the numbers (in an effect, the
+/// token).
+const FLAG_WHO: u64 = 4;
+const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY | FLAG_WHO;
 
 /// The holder flag of a free lock in a lock-delay (its end follows).
 const FREE_DELAYED: u64 = 2;
@@ -46,43 +52,84 @@ const GROUP: u64 = 3;
 /// corrupt count could make the loader allocate up front).
 const PREALLOCATE_MAX: u64 = 1024;
 
-/// A holder's numeric fields, in every form's order: deadline, holds, flags, and the delay when
-/// flags say so.
+/// A holder's numeric fields, in every form's order: deadline, holds, flags, the delay when
+/// flags say so, and the grant time and client id when flags say so.
 fn holder_fields(holder: &Holder) -> impl Iterator<Item = u64> {
+    let grant = &*holder.grant;
     let mut flags = if holder.session { FLAG_SESSION } else { 0 };
-    if holder.delay > 0 {
+    if grant.delay > 0 {
         flags |= FLAG_DELAY;
+    }
+    let who = grant.is_known();
+    if who {
+        flags |= FLAG_WHO;
     }
     [holder.deadline, u64::from(holder.holds), flags]
         .into_iter()
-        .chain((holder.delay > 0).then_some(holder.delay))
+        .chain((grant.delay > 0).then_some(grant.delay))
+        .chain(who.then_some(grant.since))
+        .chain(who.then_some(grant.client))
 }
 
-/// A holder from its fields, or what is wrong with them.
-fn holder_from(
-    token: &[u8],
+/// The bytes that follow a holder's numbers (RDB) or its token (effects), when it has any.
+pub fn holder_who(holder: &Holder) -> Option<&[u8]> {
+    holder.grant.is_known().then_some(&*holder.grant.who)
+}
+
+/// A holder's numeric fields as read back (see [`holder_fields`]).
+#[derive(Default)]
+struct Numbers {
     deadline: u64,
     holds: u64,
     flags: u64,
     delay: u64,
-) -> Result<Holder, &'static str> {
+    since: u64,
+    client: u64,
+}
+
+/// Reads a holder's numbers from `next`, which yields `Err(e)` when a field is missing or bad.
+fn read_numbers<E>(mut next: impl FnMut(&'static str) -> Result<u64, E>) -> Result<Numbers, E> {
+    let mut numbers = Numbers {
+        deadline: next("deadline")?,
+        holds: next("holds")?,
+        flags: next("flags")?,
+        ..Numbers::default()
+    };
+    if numbers.flags & FLAG_DELAY != 0 {
+        numbers.delay = next("lock-delay")?;
+    }
+    if numbers.flags & FLAG_WHO != 0 {
+        numbers.since = next("grant time")?;
+        numbers.client = next("client id")?;
+    }
+    Ok(numbers)
+}
+
+/// A holder from its token, numbers and `addr name label` bytes, or what is wrong with them.
+fn holder_from(token: &[u8], numbers: &Numbers, who: &[u8]) -> Result<Holder, &'static str> {
     if token.is_empty() {
         return Err("empty token");
     }
-    if flags & !KNOWN_FLAGS != 0 {
+    if numbers.flags & !KNOWN_FLAGS != 0 {
         return Err("unknown holder flags");
     }
-    let holds = u32::try_from(holds)
+    let holds = u32::try_from(numbers.holds)
         .ok()
         .filter(|h| *h > 0)
         .ok_or("hold count out of range")?;
     Ok(Holder {
         token: token.into(),
-        deadline,
+        deadline: numbers.deadline,
         holds,
-        session: flags & FLAG_SESSION != 0,
-        delay,
+        session: numbers.flags & FLAG_SESSION != 0,
         provisional: false,
+        long: false,
+        grant: Box::new(Grant {
+            delay: numbers.delay,
+            since: numbers.since,
+            client: numbers.client,
+            who: who.into(),
+        }),
     })
 }
 
@@ -131,10 +178,7 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
         out.unsigned(group.members.len() as u64);
         for member in &group.members {
             out.unsigned(member.fence);
-            out.bytes(&member.holder.token);
-            for field in holder_fields(&member.holder) {
-                out.unsigned(field);
-            }
+            save_holder(&member.holder, out);
         }
         return;
     }
@@ -146,11 +190,19 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
         None => out.unsigned(0),
         Some(holder) => {
             out.unsigned(1);
-            out.bytes(&holder.token);
-            for field in holder_fields(holder) {
-                out.unsigned(field);
-            }
+            save_holder(holder, out);
         }
+    }
+}
+
+/// Writes a holder's token, numbers and (when known) who was granted it.
+fn save_holder(holder: &Holder, out: &mut impl Sink) {
+    out.bytes(&holder.token);
+    for field in holder_fields(holder) {
+        out.unsigned(field);
+    }
+    if let Some(who) = holder_who(holder) {
+        out.bytes(who);
     }
 }
 
@@ -195,13 +247,21 @@ pub fn load(version: i32, input: &mut impl Source) -> Result<Lock, DecodeError> 
 /// Reads a holder's token and fields.
 fn load_holder(version: i32, input: &mut impl Source) -> Result<Holder, DecodeError> {
     let token = input.bytes().ok_or(DecodeError::ShortRead)?;
-    let mut next = || input.unsigned().ok_or(DecodeError::ShortRead);
-    let (deadline, holds, flags) = (next()?, next()?, next()?);
-    if version < 2 && flags & FLAG_DELAY != 0 {
+    let numbers = read_numbers(|_| input.unsigned().ok_or(DecodeError::ShortRead))?;
+    let known = match version {
+        1 => FLAG_SESSION,
+        2 | 3 => FLAG_SESSION | FLAG_DELAY,
+        _ => KNOWN_FLAGS,
+    };
+    if numbers.flags & !known != 0 {
         return Err(DecodeError::Invalid("unknown holder flags"));
     }
-    let delay = if flags & FLAG_DELAY != 0 { next()? } else { 0 };
-    holder_from(&token, deadline, holds, flags, delay).map_err(DecodeError::Invalid)
+    let who = if numbers.flags & FLAG_WHO != 0 {
+        input.bytes().ok_or(DecodeError::ShortRead)?
+    } else {
+        Vec::new()
+    };
+    holder_from(&token, &numbers, &who).map_err(DecodeError::Invalid)
 }
 
 /// Reads a group: limit, count, members.
@@ -243,7 +303,7 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
         if member.fence <= last || member.fence > fence {
             return Err("member fence out of order");
         }
-        if member.holder.delay > 0 {
+        if member.holder.grant.delay > 0 {
             return Err("lock-delay on a shared hold");
         }
         last = member.fence;
@@ -262,17 +322,18 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
 /// The effect's state argument, formatted without allocating: `event:fence:floor` for a free
 /// lock, `event:fence:floor:deadline:holds:flags` for a held one.
 pub struct State {
-    buf: [u8; 128],
+    buf: [u8; 192],
     len: usize,
 }
 
 impl State {
     pub fn of(event: Event, lock: &Lock) -> State {
         let mut state = State {
-            buf: [0; 128],
+            buf: [0; 192],
             len: 0,
         };
-        // At most 12 + 6 * 21 bytes: always fits.
+        // At most 12 + 8 * 21 bytes (event, fence, floor, then the holder: deadline,
+        // holds, flags, delay, grant time, client id): always fits.
         state.push(event.word().to_bytes());
         state.number(lock.fence);
         state.number(floor::get().max(lock.fence));
@@ -349,13 +410,21 @@ pub fn member_state(member: &Member) -> Vec<u8> {
 pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
     let mut args = vec![State::of(event, lock).as_bytes().to_vec()];
     if let Some(holder) = &lock.holder {
-        args.push(holder.token.to_vec());
+        push_holder(&mut args, holder);
     }
     for member in lock.members() {
         args.push(member_state(member));
-        args.push(member.holder.token.to_vec());
+        push_holder(&mut args, &member.holder);
     }
     args
+}
+
+/// Appends a holder's token and, when known, who was granted it.
+fn push_holder(args: &mut Vec<Vec<u8>>, holder: &Holder) {
+    args.push(holder.token.to_vec());
+    if let Some(who) = holder_who(holder) {
+        args.push(who.to_vec());
+    }
 }
 
 /// The arguments of `LOCK.APPLY` after the key for the change of `token`'s shared or permit
@@ -375,7 +444,7 @@ pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> 
     match lock.member_change(token) {
         MemberChange::Set(member) => {
             args.push(member_state(&member));
-            args.push(member.holder.token.to_vec());
+            push_holder(&mut args, &member.holder);
         }
         MemberChange::Remove(token) => args.push(token.to_vec()),
     }
@@ -415,8 +484,12 @@ fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError
     }
     let change = match rest {
         [token] if !token.is_empty() => MemberChange::Remove((*token).into()),
-        [member, token] => {
-            let member = parse_member(member, token)?;
+        [member, holder @ ..] => {
+            let mut holder = holder.iter().copied();
+            let member = parse_member(member, &mut holder)?;
+            if holder.next().is_some() {
+                return Err(LockError::BadEffect("member"));
+            }
             if member.fence > fence || member.fence == 0 {
                 return Err(LockError::BadEffect("member fence out of order"));
             }
@@ -434,32 +507,35 @@ fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError
     })
 }
 
-/// A member from its effect state `fence:deadline:holds:flags[:delay]` and token.
-fn parse_member(state: &[u8], token: &[u8]) -> Result<Member, LockError> {
+/// A member from its effect state `fence:deadline:holds:flags[:delay][:since:client]` and the
+/// arguments after it: its token, and its `addr name label` when its flags say so.
+fn parse_member<'a>(
+    state: &[u8],
+    args: &mut impl Iterator<Item = &'a [u8]>,
+) -> Result<Member, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let fence = number(fields.next(), "fence")?;
-    let holder = effect_holder(&mut fields, token)?;
+    let holder = effect_holder(&mut fields, args)?;
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
     }
     Ok(Member { fence, holder })
 }
 
-/// A holder from the effect fields `deadline:holds:flags[:delay]` that `fields` goes on with,
-/// and its token.
-fn effect_holder<'a>(
+/// A holder from the effect fields `deadline:holds:flags[:delay][:since:client]` that `fields`
+/// goes on with, and from `args`: its token, then its `addr name label` when its flags say so.
+fn effect_holder<'a, 'b>(
     fields: &mut impl Iterator<Item = &'a [u8]>,
-    token: &[u8],
+    args: &mut impl Iterator<Item = &'b [u8]>,
 ) -> Result<Holder, LockError> {
-    let deadline = number(fields.next(), "deadline")?;
-    let holds = number(fields.next(), "holds")?;
-    let flags = number(fields.next(), "flags")?;
-    let delay = if flags & FLAG_DELAY != 0 {
-        number(fields.next(), "lock-delay")?
+    let numbers = read_numbers(|what| number(fields.next(), what))?;
+    let token = args.next().ok_or(LockError::WrongArity)?;
+    let who = if numbers.flags & FLAG_WHO != 0 {
+        args.next().ok_or(LockError::WrongArity)?
     } else {
-        0
+        b""
     };
-    holder_from(token, deadline, holds, flags, delay).map_err(LockError::BadEffect)
+    holder_from(token, &numbers, who).map_err(LockError::BadEffect)
 }
 
 /// A decoded `LOCK.APPLY`.
@@ -485,22 +561,21 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
     if state.split(|b| *b == b':').nth(3) == Some(b"g") {
         return parse_group_effect(state, rest);
     }
-    let token = match rest {
-        [] => None,
-        [token] => Some(token),
-        _ => return Err(LockError::WrongArity),
-    };
     let mut fields = state.split(|b| *b == b':');
     let (event, fence, floor) = effect_head(&mut fields)?;
     let mut delayed_until = 0;
-    let holder = match token {
-        None => {
-            if let Some(until) = fields.next() {
-                delayed_until = number(Some(until), "lock-delay end")?;
-            }
-            None
+    let holder = if rest.is_empty() {
+        if let Some(until) = fields.next() {
+            delayed_until = number(Some(until), "lock-delay end")?;
         }
-        Some(token) => Some(effect_holder(&mut fields, token)?),
+        None
+    } else {
+        let mut args = rest.iter().copied();
+        let holder = effect_holder(&mut fields, &mut args)?;
+        if args.next().is_some() {
+            return Err(LockError::WrongArity);
+        }
+        Some(holder)
     };
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
@@ -548,15 +623,13 @@ fn parse_group_effect(state: &[u8], members: &[&[u8]]) -> Result<Effect, LockErr
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
     }
-    if members.len() % 2 != 0 {
-        return Err(LockError::WrongArity);
-    }
     let mut group = Group {
         limit,
         members: Vec::with_capacity(members.len() / 2),
     };
-    for pair in members.chunks_exact(2) {
-        group.members.push(parse_member(pair[0], pair[1])?);
+    let mut args = members.iter().copied();
+    while let Some(state) = args.next() {
+        group.members.push(parse_member(state, &mut args)?);
     }
     check_group(fence, &group).map_err(LockError::BadEffect)?;
     Ok(Effect {
@@ -605,15 +678,86 @@ mod tests {
             fence: 77,
             holder: Some(Holder {
                 provisional: false,
+                long: false,
                 token: b"t\0k".to_vec().into_boxed_slice(),
                 deadline: 123,
                 holds: 2,
                 session: true,
-                delay: 0,
+                grant: Box::default(),
             }),
             group: None,
             delayed_until: 0,
         }
+    }
+
+    /// A hold whose grant is known (version 4).
+    fn held_by_someone() -> Lock {
+        let mut lock = held();
+        if let Some(holder) = lock.holder.as_mut() {
+            *holder.grant = Grant {
+                delay: 0,
+                since: 100,
+                client: 7,
+                who: b"127.0.0.1:5000 worker host-7:pid-42".as_slice().into(),
+            };
+        }
+        lock
+    }
+
+    #[test]
+    fn who_was_granted_a_hold_round_trips_in_rdb_and_effects_and_older_versions_refuse_it() {
+        let lock = held_by_someone();
+        saved_and_refused_by(&lock, 3);
+        round_trip(Event::Acquire, lock.clone());
+        let holder = lock.holder.as_ref().map(|h| &*h.grant);
+        assert_eq!(holder.map(|g| g.addr()), Some(b"127.0.0.1:5000".as_slice()));
+        assert_eq!(holder.map(|g| g.name()), Some(b"worker".as_slice()));
+        assert_eq!(holder.map(|g| g.label()), Some(b"host-7:pid-42".as_slice()));
+        // Every truncation of it is a short read.
+        let mut full = Fields::default();
+        save(&lock, &mut full);
+        for cut in 0..full.0.len() {
+            let mut part = Fields(full.0.iter().take(cut).cloned().collect());
+            assert_eq!(
+                load(4, &mut part),
+                Err(DecodeError::ShortRead),
+                "cut at {cut}"
+            );
+        }
+        // The same members in a group, and one member's change alone.
+        let mut grouped = grouped(3);
+        for member in grouped
+            .group
+            .as_mut()
+            .map_or(&mut [][..], |g| &mut g.members[..])
+        {
+            *member.holder.grant = Grant {
+                delay: 0,
+                since: 99,
+                client: member.fence,
+                who: b"[::1]:6000  ".as_slice().into(),
+            };
+        }
+        saved_and_refused_by(&grouped, 3);
+        round_trip(Event::Acquire, grouped.clone());
+        let first = grouped.members()[0].holder.token.clone();
+        let args = member_effect_args(Event::Acquire, &grouped, &first, 1_764_000_000_000);
+        let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let Some(Ok(effect)) = parse_member_effect(&args) else {
+            panic!("{args:?}");
+        };
+        assert_eq!(
+            effect.change,
+            MemberChange::Set(grouped.members()[0].clone())
+        );
+        // A who without its argument, or an extra argument, is refused.
+        assert!(parse_member_effect(&args[..args.len() - 1]).is_some_and(|r| r.is_err()));
+        let effect = effect_args(Event::Acquire, &lock);
+        let effect: Vec<&[u8]> = effect.iter().map(Vec::as_slice).collect();
+        assert!(parse_effect(&effect[..2]).is_err());
+        let mut extra = effect.clone();
+        extra.push(b"x");
+        assert!(parse_effect(&extra).is_err());
     }
 
     #[test]
@@ -640,7 +784,7 @@ mod tests {
     fn delayed() -> [Lock; 2] {
         let mut held = held();
         if let Some(holder) = held.holder.as_mut() {
-            holder.delay = 5_000;
+            holder.grant.delay = 5_000;
         }
         let free = Lock {
             fence: 78,
@@ -730,11 +874,12 @@ mod tests {
             fence: 12,
             holder: Some(Holder {
                 provisional: false,
+                long: false,
                 token: b"t".to_vec().into_boxed_slice(),
                 deadline: 18_446_744_073_709_551_615,
                 holds: 3,
                 session: true,
-                delay: 0,
+                grant: Box::default(),
             }),
             group: None,
             delayed_until: 0,
@@ -775,11 +920,12 @@ mod tests {
                 fence: 10,
                 holder: Some(Holder {
                     provisional: false,
+                    long: false,
                     token: b"\x00\xffbinary".to_vec().into_boxed_slice(),
                     deadline: 1_764_000_000_000,
                     holds: 3,
                     session: true,
-                    delay: 0,
+                    grant: Box::default(),
                 }),
                 group: None,
                 delayed_until: 0,
@@ -814,11 +960,12 @@ mod tests {
             fence,
             holder: Holder {
                 provisional: false,
+                long: false,
                 token: token.into(),
                 deadline: 1_764_000_000_000 + fence,
                 holds: 1,
                 session,
-                delay: 0,
+                grant: Box::default(),
             },
         };
         Lock {

@@ -27,13 +27,95 @@ pub struct Holder {
     pub holds: u32,
     /// Released when the acquiring connection closes.
     pub session: bool,
-    /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
-    /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
-    pub delay: u64,
     /// A grant made with SYNC that its replicas have not acknowledged yet: taken back if they do
     /// not in time, unless its token refreshed or renewed it meanwhile (that reply promised it a
     /// lease). In memory only: never stored, replicated or digested.
     pub provisional: bool,
+    /// It lasted longer than `lock.long-hold`, and that was announced. In memory only: a
+    /// restarted server, or a new primary, announces it once more.
+    pub long: bool,
+    /// The rest of the grant: its lock-delay, and when and to whom it was made (boxed: the value
+    /// stays within its allocation size).
+    pub grant: Box<Grant>,
+}
+
+/// The longest label a client may give its hold (`LABEL`).
+pub const MAX_LABEL_LEN: usize = 128;
+
+/// What a hold keeps beside its lease: the lock-delay it imposes, and for operators, when it was
+/// granted and to which connection. Only the delay takes part in any rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
+    /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
+    pub delay: u64,
+    /// When the hold was granted, ms since the epoch; 0: unknown (a hold stored by an older
+    /// release). A refresh or a renewal keeps it.
+    pub since: u64,
+    /// The id of the client it was granted to (or last refreshed by); 0: unknown.
+    pub client: u64,
+    /// `addr name label`, separated by single spaces (none of the three has one; each may be
+    /// empty): that client's address and name, and the public label the hold was given.
+    pub who: Box<[u8]>,
+}
+
+impl Grant {
+    /// The three parts of [`Grant::who`].
+    fn parts(&self) -> [&[u8]; 3] {
+        let mut parts = self.who.splitn(3, |b| *b == b' ');
+        let mut next = || parts.next().unwrap_or_default();
+        [next(), next(), next()]
+    }
+
+    pub fn addr(&self) -> &[u8] {
+        self.parts()[0]
+    }
+
+    pub fn name(&self) -> &[u8] {
+        self.parts()[1]
+    }
+
+    pub fn label(&self) -> &[u8] {
+        self.parts()[2]
+    }
+
+    /// True when anything about the grant's origin is known (it is stored and replicated).
+    pub fn is_known(&self) -> bool {
+        self.since != 0 || self.client != 0 || !self.who.is_empty()
+    }
+
+    /// `who` from a connection's `addr name` and a label.
+    pub fn who_of(connection: &[u8], label: &[u8]) -> Box<[u8]> {
+        if connection.is_empty() && label.is_empty() {
+            return Box::default();
+        }
+        let mut who = Vec::with_capacity(connection.len() + 1 + label.len());
+        who.extend_from_slice(connection);
+        who.push(b' ');
+        who.extend_from_slice(label);
+        who.into()
+    }
+
+    /// This grant taken by `request` (a refresh from perhaps another connection): the
+    /// connection is the request's, the label too unless it gives none.
+    fn refreshed_by(&mut self, request: &Request) {
+        if request.client == 0 {
+            return;
+        }
+        let label = if request.label.is_empty() {
+            self.label().to_vec()
+        } else {
+            request.label.to_vec()
+        };
+        self.client = request.client;
+        self.who = Grant::who_of(request.connection, &label);
+    }
+}
+
+/// Whether `label` may be a hold's label: printable ASCII without spaces, within
+/// [`MAX_LABEL_LEN`] bytes (so it can never be mistaken for a token, which is any binary).
+pub fn valid_label(label: &[u8]) -> bool {
+    label.len() <= MAX_LABEL_LEN && label.iter().all(|b| (b'!'..=b'~').contains(b))
 }
 
 /// A shared holder or a permit holder: a holder with the fence of its own grant.
@@ -109,6 +191,11 @@ pub struct Request<'a> {
     /// The grant waits for replicas (SYNC): a new hold is provisional (see
     /// [`Holder::provisional`]).
     pub provisional: bool,
+    /// The requesting client's id (0: unknown, e.g. a test), its `addr name`, and the label it
+    /// gives the hold (empty: none); see [`Grant`].
+    pub client: u64,
+    pub connection: &'a [u8],
+    pub label: &'a [u8],
 }
 
 /// What a grant request turned into.
@@ -202,6 +289,7 @@ pub fn deadline_after(now: u64, ttl: u64) -> u64 {
 /// Refreshes a hold the requester already has.
 fn refresh(holder: &mut Holder, request: &Request, deadline: u64) {
     holder.deadline = deadline;
+    holder.grant.refreshed_by(request);
     // The reply promises this lease: it is no longer taken back.
     holder.provisional = false;
     if request.reentrant {
@@ -231,6 +319,73 @@ impl Lock {
     /// The semaphore's number of permits; 0 when the key is not a semaphore.
     pub fn limit(&self) -> u32 {
         self.group.as_deref().map_or(0, |g| g.limit)
+    }
+
+    /// Every holder with the fence of its grant, live or with its lease run out.
+    pub fn all_holders(&self) -> impl Iterator<Item = (u64, &Holder)> {
+        let fence = self.fence;
+        self.holder
+            .as_ref()
+            .map(move |h| (fence, h))
+            .into_iter()
+            .chain(self.members().iter().map(|m| (m.fence, &m.holder)))
+    }
+
+    /// The grant time of the oldest hold whose grant time is known.
+    pub fn oldest_grant(&self) -> Option<u64> {
+        self.all_holders()
+            .map(|(_, h)| h.grant.since)
+            .filter(|since| *since > 0)
+            .min()
+    }
+
+    /// When the next hold not yet announced as long becomes one, `threshold` ms after its
+    /// grant; `None` when none will (or `threshold` is 0: no long holds).
+    pub fn long_due(&self, threshold: u64) -> Option<u64> {
+        if threshold == 0 {
+            return None;
+        }
+        self.all_holders()
+            .filter(|(_, h)| !h.long && h.grant.since > 0)
+            .map(|(_, h)| h.grant.since.saturating_add(threshold))
+            .min()
+    }
+
+    /// Marks the holds that have lasted `threshold` ms or more at `now` and were not announced
+    /// yet as long, and returns their fences and grants.
+    pub fn mark_long(&mut self, threshold: u64, now: u64) -> Vec<(u64, Grant)> {
+        let mut marked = Vec::new();
+        if threshold == 0 {
+            return marked;
+        }
+        let fence = self.fence;
+        let holders = self.holder.iter_mut().map(|h| (fence, h)).chain(
+            self.group
+                .iter_mut()
+                .flat_map(|g| g.members.iter_mut())
+                .map(|m| (m.fence, &mut m.holder)),
+        );
+        for (fence, holder) in holders {
+            let since = holder.grant.since;
+            if !holder.long && since > 0 && since.saturating_add(threshold) <= now {
+                holder.long = true;
+                marked.push((fence, (*holder.grant).clone()));
+            }
+        }
+        marked
+    }
+
+    /// The fences of the holds announced as long.
+    pub fn long_fences(&self) -> Vec<u64> {
+        self.all_holders()
+            .filter(|(_, h)| h.long)
+            .map(|(fence, _)| fence)
+            .collect()
+    }
+
+    /// True when a hold with this fence is still there (live or not).
+    pub fn has_hold_with(&self, fence: u64) -> bool {
+        self.all_holders().any(|(f, _)| f == fence)
     }
 
     /// Every live holder with the fence of its grant, exclusive or not.
@@ -296,7 +451,7 @@ impl Lock {
     pub fn expire(&mut self, now: u64) -> bool {
         if self.holder.as_ref().is_some_and(|h| h.deadline <= now) {
             if let Some(holder) = self.holder.take() {
-                self.start_delay(holder.deadline, holder.delay);
+                self.start_delay(holder.deadline, holder.grant.delay);
             }
             return true;
         }
@@ -410,7 +565,9 @@ impl Lock {
     /// overdue holder (not yet expired) would start; 0 when none.
     fn blocked_until(&self, now: u64) -> u64 {
         match &self.holder {
-            Some(h) if h.deadline <= now && h.delay > 0 => h.deadline.saturating_add(h.delay),
+            Some(h) if h.deadline <= now && h.grant.delay > 0 => {
+                h.deadline.saturating_add(h.grant.delay)
+            }
             Some(_) => 0,
             None => self.delayed_until,
         }
@@ -510,6 +667,9 @@ impl Lock {
             delay: 0,
             mode: Mode::Exclusive,
             provisional: false,
+            client: 0,
+            connection: b"",
+            label: b"",
         };
         self.grant(&request, floor, now).map_err(|_| FenceExhausted)
     }
@@ -532,7 +692,7 @@ impl Lock {
                 if let Some(holder) = self.live_hold_mut(request.token, now) {
                     refresh(holder, request, deadline);
                     if exclusive {
-                        holder.delay = request.delay;
+                        holder.grant.delay = request.delay;
                     }
                 }
                 Ok(Acquire::Refreshed { fence })
@@ -542,7 +702,7 @@ impl Lock {
                     return Ok(Acquire::Busy);
                 };
                 refresh(&mut holder, request, deadline);
-                holder.delay = 0;
+                holder.grant.delay = 0;
                 let fence = self.fence;
                 self.group = Some(Box::new(Group {
                     limit: 0,
@@ -562,20 +722,24 @@ impl Lock {
                         self.group = None;
                     }
                 }
+                let exclusive = request.mode == Mode::Exclusive;
                 let holder = Holder {
                     token: request.token.into(),
                     deadline,
                     holds: 1,
                     session: request.session,
-                    delay: 0,
                     provisional: request.provisional,
+                    long: false,
+                    grant: Box::new(Grant {
+                        delay: if exclusive { request.delay } else { 0 },
+                        since: now,
+                        client: request.client,
+                        who: Grant::who_of(request.connection, request.label),
+                    }),
                 };
                 let limit = match request.mode {
                     Mode::Exclusive => {
-                        self.holder = Some(Holder {
-                            delay: request.delay,
-                            ..holder
-                        });
+                        self.holder = Some(holder);
                         return Ok(Acquire::Granted { fence });
                     }
                     Mode::Shared => 0,
@@ -630,7 +794,7 @@ impl Lock {
         }
         if let Some(holder) = self.end_hold(token, now) {
             if self.holder.is_none() && self.group.is_none() {
-                self.start_delay(now, holder.delay);
+                self.start_delay(now, holder.grant.delay);
             }
         }
         true
@@ -963,6 +1127,9 @@ mod tests {
             session,
             delay,
             mode: Mode::Exclusive,
+            client: 0,
+            connection: b"",
+            label: b"",
         }
     }
 
@@ -1056,6 +1223,9 @@ mod tests {
             session: false,
             delay: 0,
             mode,
+            client: 0,
+            connection: b"",
+            label: b"",
         }
     }
 
@@ -1209,11 +1379,12 @@ mod tests {
             fence: n,
             holder: Holder {
                 provisional: false,
+                long: false,
                 token: n.to_string().into_bytes().into(),
                 deadline: T0 + 1000,
                 holds: 1,
                 session: false,
-                delay: 0,
+                grant: Box::default(),
             },
         };
         let mut lock = Lock {

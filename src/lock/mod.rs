@@ -7,6 +7,7 @@
 //!
 //! Time is always a parameter here, so every rule is unit-tested without a server.
 
+pub mod ages;
 pub mod codec;
 pub mod core;
 pub mod event;

@@ -487,6 +487,9 @@ fn walk(seed: u64, steps: usize) {
                     session,
                     delay: 0,
                     mode,
+                    client: 0,
+                    connection: b"",
+                    label: b"",
                 };
                 let got = outcome(real[key].grant(&request, floor, now));
                 let want = model[key].acquire(t, ttl, reentrant, session, mode, floor, now);

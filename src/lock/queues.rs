@@ -42,11 +42,14 @@ pub struct Request {
     pub mode: core::Mode,
     pub client: u64,
     pub sync: Option<SyncRequest>,
+    /// The public label the grant is to carry (empty: none).
+    pub label: Box<[u8]>,
 }
 
 impl Request {
-    /// What the lock core is asked to grant for this waiter.
-    pub fn grant(&self) -> core::Request<'_> {
+    /// What the lock core is asked to grant for this waiter, whose connection is `addr name`
+    /// (see `core::Grant`).
+    pub fn grant<'a>(&'a self, connection: &'a [u8]) -> core::Request<'a> {
         core::Request {
             token: &self.token,
             ttl: self.ttl,
@@ -55,6 +58,9 @@ impl Request {
             delay: self.delay,
             mode: self.mode,
             provisional: self.sync.is_some_and(|s| s.replicas > 0),
+            client: self.client,
+            connection,
+            label: &self.label,
         }
     }
 }
@@ -79,6 +85,8 @@ pub struct Waiter<H> {
     pub id: u64,
     pub handle: H,
     pub since: Instant,
+    /// When its wait times out; `None`: it waits without a limit.
+    pub until: Option<Instant>,
     pub kind: Kind,
 }
 
@@ -328,6 +336,50 @@ impl<H> Queues<H> {
         }
     }
 
+    /// The acquirers queued on `key`, in queue order (a multi-lock waiter's shadow yields the
+    /// waiter itself, found on its first key).
+    pub fn acquirers(&self, db: i32, key: &[u8]) -> impl Iterator<Item = &Waiter<H>> {
+        let queue = self.queue(db, key);
+        queue
+            .into_iter()
+            .flat_map(|q| q.acquirers.iter())
+            .filter_map(move |(id, slot)| match slot {
+                Slot::Waiter(waiter) => Some(waiter),
+                Slot::Shadow { primary } => match self.queue(db, primary)?.acquirers.get(id)? {
+                    Slot::Waiter(waiter) => Some(waiter),
+                    Slot::Shadow { .. } => None,
+                },
+            })
+    }
+
+    /// The watchers (`LOCK.WAIT`) of `key`.
+    pub fn watchers_on(&self, db: i32, key: &[u8]) -> usize {
+        self.queue(db, key).map_or(0, |q| q.watcher_count)
+    }
+
+    /// The oldest waiter of all (acquirer or watcher): when it began waiting, and its key (a
+    /// multi-lock waiter's first key). Looks at the first of each queue: O(keys with waiters).
+    pub fn oldest(&self) -> Option<(Instant, KeyRef)> {
+        let mut oldest: Option<(u64, Instant, KeyRef)> = None;
+        for (db, keys) in &self.dbs {
+            for (key, queue) in keys {
+                // The oldest waiter is first in its own queue (ids only grow): a queue that
+                // begins with a shadow has an older waiter elsewhere.
+                let first_acquirer = match queue.acquirers.first_key_value() {
+                    Some((_, Slot::Waiter(waiter))) => Some(waiter),
+                    _ => None,
+                };
+                let first_watcher = queue.watchers.values().filter_map(|w| w.values().next());
+                for waiter in first_acquirer.into_iter().chain(first_watcher) {
+                    if oldest.as_ref().is_none_or(|(id, _, _)| waiter.id < *id) {
+                        oldest = Some((waiter.id, waiter.since, (*db, key.clone())));
+                    }
+                }
+            }
+        }
+        oldest.map(|(_, since, key)| (since, key))
+    }
+
     /// The acquirers queued on `key`: (exclusive, shared or permit).
     pub fn acquirers_by_mode(&self, db: i32, key: &[u8]) -> (usize, usize) {
         let Some(queue) = self.queue(db, key) else {
@@ -469,9 +521,11 @@ mod tests {
                 mode: core::Mode::Exclusive,
                 client: 1,
                 sync: None,
+                label: Box::default(),
             }),
         };
         Waiter {
+            until: None,
             id: tag.id,
             handle,
             since: Instant::now(),

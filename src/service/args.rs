@@ -7,7 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
-use crate::lock::core::{Mode, MAX_HOLDERS};
+use crate::lock::core::{valid_label, Mode, MAX_HOLDERS};
 use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -200,6 +200,17 @@ pub struct AcquireOptions {
     pub shared: bool,
     /// `LIMIT n`: a permit of a semaphore of n permits.
     pub limit: Option<u32>,
+    /// `LABEL text`: the hold's public label (see [`label`]).
+    pub label: Option<Box<[u8]>>,
+}
+
+/// `LABEL text`: printable ASCII without spaces, within `MAX_LABEL_LEN` bytes.
+fn label(arg: &RedisString) -> Result<Box<[u8]>, LockError> {
+    let label = arg.as_slice();
+    if label.is_empty() || !valid_label(label) {
+        return Err(LockError::BadLabel);
+    }
+    Ok(label.into())
 }
 
 impl AcquireOptions {
@@ -257,11 +268,15 @@ impl AcquireOptions {
                     "limit",
                     "missing after LIMIT",
                 )?)?);
+            } else if word.eq_ignore_ascii_case(b"LABEL") {
+                once(&options.label, "LABEL")?;
+                let value = rest.next().map(|(_, value)| value);
+                options.label = Some(label(value.ok_or(LockError::BadLabel)?)?);
             } else {
                 return Err(unknown(
                     ctx,
                     first + at,
-                    "WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED or LIMIT",
+                    "WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL",
                 ));
             }
         }
@@ -289,4 +304,61 @@ pub fn renew_options(
         }
     }
     Ok(sync)
+}
+
+/// The options of `LOCK.WHO`, after the key.
+pub struct WhoOptions {
+    /// At most this many holders and this many waiters are listed.
+    pub count: usize,
+    /// Only this client's holds and waits.
+    pub client: Option<u64>,
+}
+
+/// How many holders and waiters `LOCK.WHO` lists without COUNT.
+pub const WHO_DEFAULT_COUNT: usize = 10;
+
+/// Parses `[COUNT count] [CLIENT client-id]`, the first at argument `first`.
+pub fn who_options(
+    ctx: &Context,
+    args: &[RedisString],
+    first: usize,
+) -> Result<WhoOptions, LockError> {
+    let mut count = None;
+    let mut client = None;
+    let mut rest = args.iter().enumerate();
+    while let Some((at, arg)) = rest.next() {
+        let word = arg.as_slice();
+        if word.eq_ignore_ascii_case(b"COUNT") {
+            once(&count, "COUNT")?;
+            let value = value_after(&mut rest, "count", "missing after COUNT")?;
+            let bad = LockError::BadInteger {
+                name: "count",
+                detail: "must be between 1 and 10000",
+            };
+            count = Some(
+                parse_integer(value)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| (1..=MAX_HOLDERS as usize).contains(n))
+                    .ok_or(bad)?,
+            );
+        } else if word.eq_ignore_ascii_case(b"CLIENT") {
+            once(&client, "CLIENT")?;
+            let value = value_after(&mut rest, "client-id", "missing after CLIENT")?;
+            client = Some(
+                parse_integer(value)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or(LockError::BadInteger {
+                        name: "client-id",
+                        detail: "must be a positive integer",
+                    })?,
+            );
+        } else {
+            return Err(unknown(ctx, first + at, "COUNT or CLIENT"));
+        }
+    }
+    Ok(WhoOptions {
+        count: count.unwrap_or(WHO_DEFAULT_COUNT),
+        client,
+    })
 }

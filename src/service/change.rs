@@ -16,7 +16,7 @@ use crate::lock::sessions::{self, Session};
 use crate::metrics;
 use crate::service::value::{in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
-use crate::service::{effects, leases};
+use crate::service::{effects, holds, leases};
 
 /// Applies `change` to the stored lock and, when it reports an event, announces and replicates
 /// it. When the change freed the lock, the session is forgotten and the lock handed over to the
@@ -53,7 +53,11 @@ fn change_of(
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
     let had_group = stored.lock().group.is_some();
+    let long = holds::long_before(stored);
     let event = stored.update(change)?;
+    if !long.is_empty() {
+        holds::ended(stored, &long, event, now);
+    }
     if matches!(event, Event::Expired | Event::SessionEnd) && stored.lock().delay_ttl(now).is_some()
     {
         metrics::DELAYED.incr();
@@ -139,7 +143,7 @@ pub fn reclaim_if_due(
         return false;
     }
     effects::announce_deleted(ctx, key_name);
-    keys::replicate_key_state(ctx, APPLY, key_name, state.as_bytes(), None);
+    keys::replicate_key_state(ctx, APPLY, key_name, state.as_bytes(), &[]);
     metrics::RECLAIMED.incr();
     true
 }
@@ -155,6 +159,7 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, n
             // Its entry is gone; whatever is due later gets a new one.
             stored.entry_came_due(queued);
             expire_overdue(ctx, key_name, stored, now);
+            holds::cross(ctx, key_name, stored, now);
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.
                 hand_over(ctx, key_name, stored, now);
@@ -177,6 +182,7 @@ pub fn index_arrived(ctx: &Context, key_name: &RedisString) {
     let key = keys::open_quietly(ctx, key_name);
     if let Ok(Some(stored)) = in_key_mut(&key) {
         leases::arrived(ctx, stored, key_name.as_slice());
+        holds::arrived(ctx, stored, key_name.as_slice());
     }
 }
 

@@ -8,7 +8,9 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
-use crate::host::server::{client_id, is_loading, is_replayed, may_block, now_ms, parse_integer};
+use crate::host::server::{
+    client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
+};
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Lock, Mode};
 use crate::lock::event::Event;
@@ -25,9 +27,11 @@ use crate::service::change::{
 use crate::service::effects;
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
+use crate::service::holds::longholds;
 use crate::service::multi::{macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
+use crate::service::who::who;
 
 /// Declares a unit type per command whose `Command::run` is the given handler, and for the
 /// commands that carry a token, what a failed call redacts (`Command::secret_on_error`).
@@ -60,6 +64,8 @@ commands! {
     LockGuard => guard, secrets: crate::service::guard::secrets;
     LockMacquire => macquire, secrets: after_the_first;
     LockMrelease => mrelease, secrets: after_the_first;
+    LockWho => who;
+    LockLongholds => longholds;
 }
 
 /// A failed call of a command with a token: anything after its first argument (the key, or
@@ -103,6 +109,9 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
+    let client = client_id(ctx);
+    let connection = connection_of(ctx, client);
+    let label = options.label.as_deref().unwrap_or_default();
     let request = core::Request {
         token,
         ttl,
@@ -111,6 +120,9 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         delay: options.delay(),
         mode: options.mode(),
         provisional: options.sync.is_some_and(|s| s.replicas > 0),
+        client,
+        connection: &connection,
+        label,
     };
     // The grant's outcome, and the id of the lock value it concerns.
     let (outcome, lock_id) = match in_key_mut(&key)? {
@@ -191,8 +203,9 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     session: options.session,
                     delay: request.delay,
                     mode: request.mode,
-                    client: client_id(ctx),
+                    client,
                     sync: options.sync,
+                    label: label.into(),
                 };
                 handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
             }
@@ -338,7 +351,9 @@ fn info(ctx: &Context, args: &[RedisString]) -> CommandResult {
             ("session", count(holders().filter(|h| h.session).count())),
             (
                 "lock_delay",
-                RedisValue::Integer(live.map_or(0, |h| i64::try_from(h.delay).unwrap_or(i64::MAX))),
+                RedisValue::Integer(
+                    live.map_or(0, |h| i64::try_from(h.grant.delay).unwrap_or(i64::MAX)),
+                ),
             ),
             (
                 "delay_ttl",

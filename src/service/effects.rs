@@ -12,8 +12,8 @@ use crate::host::server::{is_primary, now_ms};
 use crate::lock::codec::{self, State};
 use crate::lock::event::Event;
 use crate::lock::floor;
-use crate::service::leases;
 use crate::service::value::{Stored, APPLY};
+use crate::service::{holds, leases};
 
 /// The name of the internal effect command (see `value::APPLY`).
 const APPLY_NAME: &str = "LOCK.APPLY";
@@ -29,6 +29,7 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
         keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }
     leases::follow(ctx, stored, key.as_slice());
+    holds::follow(ctx, stored, key.as_slice());
 }
 
 /// Tells the rest of the server that the lock under `key` was deleted by the module, as DEL
@@ -48,8 +49,16 @@ pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored
         return;
     }
     let state = State::of(event, lock);
-    let token = lock.holder.as_ref().map(|h| &*h.token);
-    keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), token);
+    let pair: [&[u8]; 2];
+    let holder: &[&[u8]] = match &lock.holder {
+        Some(holder) => {
+            let who = codec::holder_who(holder);
+            pair = [&holder.token, who.unwrap_or_default()];
+            &pair[..if who.is_some() { 2 } else { 1 }]
+        }
+        None => &[],
+    };
+    keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), holder);
 }
 
 /// On the primary: announces the change of `token`'s shared or permit hold (made at `now`) and

@@ -29,8 +29,8 @@ use crate::host::server::{
 use crate::lock::locked;
 use crate::lock::slots::{key_slot, Imports};
 use crate::service::change;
-use crate::service::leases;
 use crate::service::value::{Stored, LOCK_TYPE};
+use crate::service::{holds, leases};
 
 /// How long one timer run may spend expiring locks before yielding to the event loop.
 const SLICE: Duration = Duration::from_millis(2);
@@ -106,15 +106,20 @@ pub fn index_key(ctx: &Context, key: &[u8]) {
 pub fn rebuild(ctx: &Context) {
     let original_db = selected_db(ctx);
     let mut found = Vec::new();
+    let mut ages = Vec::new();
     let mut db = 0;
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
             if let Some(at) = stored.index_afresh() {
                 found.push((at, db, stored.id(), key.into()));
             }
+            if let Some(since) = stored.lock().oldest_grant() {
+                ages.push((stored.id(), since, db, key.into()));
+            }
         });
         db += 1;
     }
     select_db(ctx, original_db);
     leases::replace(ctx, found);
+    holds::replace(ages);
 }

@@ -5,7 +5,7 @@
 //! waits that time out or end.
 
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, RedisValue};
@@ -14,8 +14,8 @@ use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{
-    avoid_replica_traffic, in_multi_or_script, is_loading, is_primary, key_string, now_ms,
-    select_db, selected_db,
+    avoid_replica_traffic, connection_of, in_multi_or_script, is_loading, is_primary, key_string,
+    now_ms, select_db, selected_db,
 };
 use crate::host::timer;
 use crate::host::{guarded, keys};
@@ -65,10 +65,14 @@ fn block_queued(
     let handle = blocked.ok_or(LockError::internal(
         "the server refused to block the client",
     ))?;
+    let since = Instant::now();
     let waiter = Waiter {
         id: queued.id,
         handle,
-        since: Instant::now(),
+        since,
+        until: (timeout > 0)
+            .then(|| since.checked_add(Duration::from_millis(timeout)))
+            .flatten(),
         kind,
     };
     waiters::queues().enqueue(&queued, waiter);
@@ -288,7 +292,8 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let Kind::AcquireAll { request, .. } = &waiter.kind else {
         return None;
     };
-    let grant = request.grant();
+    let connection = connection_of(ctx, request.client);
+    let grant = request.grant(&connection);
     let waited = u64::try_from(waiter.since.elapsed().as_micros()).unwrap_or(u64::MAX);
     metrics::ACQUIRE_WAIT.record(waited);
     let mut fences = Vec::with_capacity(names.len());
@@ -459,6 +464,9 @@ fn exclusive(token: &[u8]) -> core::Request<'_> {
         delay: 0,
         mode: Mode::Exclusive,
         provisional: false,
+        client: 0,
+        connection: b"",
+        label: b"",
     }
 }
 
@@ -470,7 +478,7 @@ fn head_admitted(stored: &Stored, tag: &Tag, now: u64) -> Result<bool, LockError
     let Some(request) = queues.request_of(*db, name, tag.id) else {
         return Ok(false);
     };
-    match stored.lock().admit(&request.grant(), now)? {
+    match stored.lock().admit(&request.grant(b""), now)? {
         Admit::Busy => Ok(false),
         Admit::New | Admit::Refresh | Admit::Downgrade => Ok(true),
     }
@@ -499,7 +507,8 @@ fn grant_head(
         return None;
     };
     let lock_id = stored.id();
-    let outcome = grant_stored(ctx, key_name, stored, &request.grant(), now);
+    let connection = connection_of(ctx, request.client);
+    let outcome = grant_stored(ctx, key_name, stored, &request.grant(&connection), now);
     let (outcome, new) = match outcome {
         Ok(
             grant @ (Acquire::Granted { fence }

@@ -7,12 +7,14 @@
 //! - `deferred`: jobs run from a timer (settle waiters, end sessions, check the config);
 //! - `expiry`: the lease timer's handler, the index rebuild and the slots being imported;
 //! - `commands` (with `args`): the LOCK.* commands; `guard`: LOCK.GUARD, a command run under a
-//!   fence; `multi`: LOCK.MACQUIRE and LOCK.MRELEASE, several keys at once;
+//!   fence; `multi`: LOCK.MACQUIRE and LOCK.MRELEASE, several keys at once; `who`: LOCK.WHO,
+//!   who holds a lock and who waits;
 //! - `handoff`: blocking and serving waiters;
 //! - `acks`: replies that wait for replicas (SYNC);
 //! - `change`: a change of a stored lock and what follows it;
 //! - `waiters`: the queues of waiting clients;
 //! - `effects`: announcing and replicating a change;
+//! - `holds`: the ages of holds, long holds and their log (LOCK.LONGHOLDS);
 //! - `leases`: the lease index and its timer;
 //! - `value`: the value behind a lock key and its data type;
 //! - `safety`: configurations that endanger locks.
@@ -27,34 +29,75 @@ pub mod events;
 pub mod expiry;
 pub mod guard;
 pub mod handoff;
+pub mod holds;
 pub mod leases;
 pub mod multi;
 pub mod safety;
 pub mod value;
 pub mod waiters;
+pub mod who;
 
+use crate::config;
 use crate::host::info::Section;
+use crate::lock::ages::{tag_of, tag_text};
 use crate::metrics;
 
-/// `INFO lock`: the metrics, then the safety warnings.
+/// `INFO lock`: the version, the metrics with the ages of the oldest hold and wait, the
+/// histograms' cumulative buckets, then the safety warnings.
 pub struct Info;
 
+/// The age of the oldest waiter in ms (0 when nobody waits) and its key's tag.
+fn oldest_wait() -> (u64, String) {
+    match waiters::queues().oldest() {
+        Some((since, (db, key))) => (
+            u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+            tag_text(tag_of(db, &key)),
+        ),
+        None => (0, String::new()),
+    }
+}
+
 impl Section for Info {
-    fn fields() -> Vec<(&'static str, i64)> {
-        let mut fields = metrics::fields();
-        // Beside the gauges: the lease index's entries, at most two per lock key.
-        let entries = i64::try_from(leases::entries()).unwrap_or(i64::MAX);
+    fn text_fields() -> Vec<(&'static str, String)> {
+        vec![
+            ("version", crate::VERSION.to_string()),
+            ("oldest_hold_tag", holds::oldest().1),
+            ("oldest_wait_tag", oldest_wait().1),
+        ]
+    }
+
+    fn fields() -> Vec<(String, i64)> {
+        let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let mut fields: Vec<(String, i64)> = metrics::fields()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        // Beside the gauges: the lease index's entries, at most two per lock key, and the ages
+        // of the oldest hold and waiter.
         let after_gauges = fields
             .iter()
-            .position(|(name, _)| *name == "keys")
+            .position(|(name, _)| name == "keys")
             .map_or(0, |i| i + 1);
-        fields.insert(after_gauges, ("index_entries", entries));
+        let beside_gauges = [
+            ("index_entries", n(leases::entries() as u64)),
+            ("oldest_hold_ms", n(holds::oldest().0)),
+            ("oldest_wait_ms", n(oldest_wait().0)),
+            ("long_hold_ms", config::LONG_HOLD.get()),
+        ];
+        for (at, (name, value)) in beside_gauges.into_iter().enumerate() {
+            fields.insert(after_gauges + at, (name.to_string(), value));
+        }
+        fields.extend(metrics::bucket_fields(
+            "acquire_wait_ms",
+            &metrics::ACQUIRE_WAIT,
+        ));
+        fields.extend(metrics::bucket_fields("hold_ms", &metrics::HOLD));
         fields.push((
-            "warning_eviction_policy",
+            "warning_eviction_policy".into(),
             i64::from(safety::eviction_risk()),
         ));
         fields.push((
-            "warning_no_persistence",
+            "warning_no_persistence".into(),
             i64::from(safety::no_persistence()),
         ));
         fields

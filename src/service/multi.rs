@@ -9,7 +9,7 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
-use crate::host::server::{client_id, may_block, now_ms, parse_integer};
+use crate::host::server::{client_id, connection_of, may_block, now_ms, parse_integer};
 use crate::lock::core::{Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
@@ -101,6 +101,9 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
     }
     let now = now_ms();
+    let client = client_id(ctx);
+    let connection = connection_of(ctx, client);
+    let label = options.label.as_deref().unwrap_or_default();
     let request = Request {
         token,
         ttl,
@@ -109,6 +112,9 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         delay: options.delay(),
         mode: Mode::Exclusive,
         provisional: false,
+        client,
+        connection: &connection,
+        label,
     };
     let opened: Vec<RedisKeyWritable> = keys.iter().map(|k| ctx.open_key_writable(k)).collect();
     // Every key is looked at before any changes: a key of another type refuses the whole call.
@@ -150,8 +156,9 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             session: options.session,
             delay: request.delay,
             mode: Mode::Exclusive,
-            client: client_id(ctx),
+            client,
             sync: None,
+            label: label.into(),
         };
         return handoff::block_all(ctx, keys, timeout, queued);
     }
@@ -159,7 +166,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     for (key, name) in opened.iter().zip(keys) {
         let (fence, lock_id, new) = grant_key(ctx, key, name, &request, now)?;
         if options.session {
-            sessions::claim(waiters::key_ref(ctx, name), client_id(ctx), token, lock_id);
+            sessions::claim(waiters::key_ref(ctx, name), client, token, lock_id);
         }
         if new {
             metrics::ACQUIRE_WAIT.record(0);

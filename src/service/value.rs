@@ -19,7 +19,7 @@ use crate::host;
 use crate::host::server::now_ms;
 use crate::host::value::{Digest, Rdb, ValueType};
 use crate::lock::codec::{self, Sink, Source};
-use crate::lock::core::Lock;
+use crate::lock::core::{Grant, Lock};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::metrics;
@@ -269,14 +269,22 @@ impl Stored {
     }
 
     /// When the lease index should look at this lock next: the earliest lease deadline when
-    /// held, the reclaim time when free.
+    /// held (or earlier, when a hold becomes a long hold), the reclaim time when free.
     pub fn due(&self) -> Option<u64> {
         let reclaim_at = self.reclaim_at().map(NonZeroU64::get);
         match (self.lock.next_deadline(), self.wake_at.map(NonZeroU64::get)) {
-            (Some(deadline), _) => Some(deadline),
+            (Some(deadline), _) => Some(match self.lock.long_due(config::long_hold()) {
+                Some(long) => long.min(deadline),
+                None => deadline,
+            }),
             (None, Some(wake)) => Some(reclaim_at.map_or(wake, |at| at.min(wake))),
             (None, None) => reclaim_at,
         }
+    }
+
+    /// Marks the holds that became long holds by `now` (see `Lock::mark_long`).
+    pub fn mark_long(&mut self, now: u64) -> Vec<(u64, Grant)> {
+        self.lock.mark_long(config::long_hold(), now)
     }
 
     /// For a free lock: true when its tombstone time is up at `now` (and no lock-delay runs).
@@ -327,7 +335,7 @@ impl Drop for Stored {
             metrics::HELD.add(-1);
         }
         let mark = self.index_mark.get();
-        if mark != IndexMark::default() {
+        if mark != IndexMark::default() || self.lock.has_holders() {
             if let Some(forget) = FORGET_ENTRIES.get() {
                 forget(self.id, mark.at(), self.queued_reclaim());
             }
@@ -506,11 +514,12 @@ mod tests {
             fence: 1,
             holder: Some(Holder {
                 provisional: false,
+                long: false,
                 token: (*b"t").into(),
                 deadline,
                 holds: 1,
                 session: false,
-                delay: 0,
+                grant: Box::default(),
             }),
             ..Lock::default()
         }

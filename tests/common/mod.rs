@@ -544,7 +544,7 @@ pub fn held_fields(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u
 
 /// The module's current RDB encoding version of a lock (src/lock/codec.rs). Version 2 added
 /// the lock-delay; a lock without one is written as version 1 wrote it.
-pub const LOCK_ENCODING_VERSION: u64 = 3;
+pub const LOCK_ENCODING_VERSION: u64 = 4;
 
 /// Module fields of a free lock in a lock-delay ending at `until` (version 2), with the EOF
 /// marker.

@@ -20,11 +20,15 @@ fn configs_have_their_documented_defaults() {
     assert_eq!(config_get(&mut c, "lock.max-waiters"), "1000");
     assert_eq!(config_get(&mut c, "lock.tombstone-ttl"), "10000");
     assert_eq!(config_get(&mut c, "lock.lock-delay"), "0");
+    assert_eq!(config_get(&mut c, "lock.long-hold"), "0");
+    assert_eq!(config_get(&mut c, "lock.long-hold-log-len"), "128");
     let all = fields_of(&c.call(&["CONFIG", "GET", "lock.*"]));
     assert_eq!(
         all.keys().map(String::as_str).collect::<Vec<_>>(),
         [
             "lock.lock-delay",
+            "lock.long-hold",
+            "lock.long-hold-log-len",
             "lock.max-token-len",
             "lock.max-ttl",
             "lock.max-waiters",
@@ -95,6 +99,16 @@ fn config_set_out_of_bounds_is_refused_and_the_value_stays() {
             "lock.lock-delay",
             "86400001",
             range("lock.lock-delay", "0 and 86400000"),
+        ),
+        (
+            "lock.long-hold",
+            "-1",
+            range("lock.long-hold", "0 and 31536000000"),
+        ),
+        (
+            "lock.long-hold-log-len",
+            "10001",
+            range("lock.long-hold-log-len", "0 and 10000"),
         ),
     ];
     for (name, value, error) in cases {

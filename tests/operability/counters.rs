@@ -1,7 +1,7 @@
 //! `INFO lock` counters after scripted sequences.
 
 use crate::common::*;
-use crate::{assert_counts, lock_fields, COUNTS, INDEX, LATENCIES, WARNINGS};
+use crate::{assert_counts, bucket_names, lock_fields, AGES, COUNTS, INDEX, LATENCIES, WARNINGS};
 
 use std::collections::BTreeSet;
 
@@ -10,22 +10,34 @@ fn info_lock_has_every_field_at_zero_and_is_part_of_modules_and_everything() {
     let server = Server::start();
     let fields = lock_fields(&server);
     let names: BTreeSet<&str> = fields.keys().map(String::as_str).collect();
+    let buckets = bucket_names();
     let expected: BTreeSet<&str> = COUNTS
         .iter()
         .chain(&LATENCIES)
         .chain(&INDEX)
+        .chain(&AGES)
         .chain(&WARNINGS)
         .copied()
+        .chain(buckets.iter().map(String::as_str))
         .collect();
     assert_eq!(names, expected);
     assert_counts(&server, &[]);
-    for name in LATENCIES.into_iter().chain(INDEX) {
+    for name in LATENCIES.into_iter().chain(INDEX).chain(AGES) {
         assert_eq!(fields[name], 0, "{name}");
+    }
+    for name in &buckets {
+        assert_eq!(fields[name.as_str()], 0, "{name}");
     }
 
     let mut c = server.conn();
     let lock = c.call(&["INFO", "lock"]).text();
     assert!(lock.starts_with("# lock\r\n"), "{lock:?}");
+    // The text fields come first: the version, and empty tags while nothing is held or awaited.
+    let version = format!("# lock\r\nlock_version:{}\r\n", env!("CARGO_PKG_VERSION"));
+    assert!(lock.starts_with(&version), "{lock:?}");
+    for tag in ["lock_oldest_hold_tag", "lock_oldest_wait_tag"] {
+        assert!(lock.contains(&format!("\r\n{tag}:\r\n")), "{tag}: {lock:?}");
+    }
     assert!(!lock.contains("# Server"), "{lock:?}");
     for section in ["modules", "everything"] {
         let text = c.call(&["INFO", section]).text();

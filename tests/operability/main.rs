@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 23] = [
+const COUNTS: [&str; 24] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -46,7 +46,47 @@ const COUNTS: [&str; 23] = [
     "lock_guard_rejects",
     "lock_shared_grants",
     "lock_permit_grants",
+    "lock_long_holds",
 ];
+
+/// Ages in ms of the oldest hold and waiter (0 when none), and `lock.long-hold`.
+const AGES: [&str; 3] = [
+    "lock_oldest_hold_ms",
+    "lock_oldest_wait_ms",
+    "lock_long_hold_ms",
+];
+
+/// The text fields of `INFO lock` (every other field is an integer).
+const TEXT_FIELDS: [&str; 3] = [
+    "lock_version",
+    "lock_oldest_hold_tag",
+    "lock_oldest_wait_tag",
+];
+
+/// The cumulative buckets of the wait and hold histograms, with their sums and counts.
+fn bucket_names() -> Vec<String> {
+    let mut names = Vec::new();
+    for (name, bounds) in [
+        (
+            "lock_acquire_wait_ms",
+            &[
+                "1", "5", "10", "50", "100", "500", "1000", "5000", "10000", "30000", "60000",
+                "inf",
+            ][..],
+        ),
+        (
+            "lock_hold_ms",
+            &[
+                "10", "100", "1000", "10000", "60000", "300000", "1800000", "3600000", "inf",
+            ][..],
+        ),
+    ] {
+        names.extend(bounds.iter().map(|le| format!("{name}_bucket_le_{le}")));
+        names.push(format!("{name}_sum"));
+        names.push(format!("{name}_count"));
+    }
+    names
+}
 
 /// Latency summaries, in µs.
 const LATENCIES: [&str; 6] = [
@@ -67,7 +107,7 @@ const WARNINGS: [&str; 2] = [
 ];
 
 /// The public commands.
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 12] = [
     "lock.acquire",
     "lock.release",
     "lock.renew",
@@ -78,6 +118,8 @@ const COMMANDS: [&str; 10] = [
     "lock.guard",
     "lock.macquire",
     "lock.mrelease",
+    "lock.who",
+    "lock.longholds",
 ];
 
 /// A token distinctive enough that finding it anywhere means it leaked.
@@ -89,7 +131,7 @@ fn lock_fields(server: &Server) -> BTreeMap<String, i64> {
     info.lines()
         .filter_map(|line| {
             let (name, value) = line.split_once(':')?;
-            name.starts_with("lock_").then(|| {
+            (name.starts_with("lock_") && !TEXT_FIELDS.contains(&name)).then(|| {
                 let value = value
                     .trim()
                     .parse()
@@ -164,6 +206,7 @@ fn command_table() -> [(
                 "sync",
                 "lock-delay",
                 "mode",
+                "label",
             ],
             &["k1", "t", "100", "WAIT", "5", "SESSION"],
         ),

@@ -34,8 +34,10 @@ fn the_module_logs_the_server_and_the_optional_api_it_found() {
     };
     let (major, minor, patch) = identity.version;
     let expected = format!(
-        "lock module: on {product} {major}.{minor}.{patch}; command ACL categories: {}, @lock \
+        "lock module {} (MODULE LIST ver 200): on {product} {major}.{minor}.{patch}; command ACL \
+         categories: {}, @lock \
          category: {}, replica traffic check: yes, atomic slot migration: {}",
+        env!("CARGO_PKG_VERSION"),
         yes_no(identity.command_acl_categories()),
         yes_no(identity.module_acl_category()),
         yes_no(identity.atomic_slot_migration()),

@@ -1,0 +1,223 @@
+//! How long locks are held: the age of the oldest hold (INFO), and long holds, the holds that
+//! last longer than `lock.long-hold`: each is counted, announced once with the keyspace event
+//! `lock.longhold` on its key, and logged (`LOCK.LONGHOLDS`, like SLOWLOG) with how it ended.
+//!
+//! The ages follow every announced change of a lock (see `effects::announce`), and a lock
+//! leaves them with its value (see [`forget`]). A hold becomes long when the lease index looks at
+//! its lock (its due time counts the crossing, see `Stored::due`): on a primary only, so a
+//! replica counts and logs nothing, and a new primary announces a hold once more.
+
+use std::sync::{Mutex, MutexGuard};
+
+use redis_module::{Context, NotifyEvent, RedisString, RedisValue};
+
+use crate::config;
+use crate::error::LockError;
+use crate::host::command::{reply_nested, CommandResult, Nested};
+use crate::host::keys;
+use crate::host::server::{is_primary, now_ms, selected_db};
+use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
+use crate::lock::event::Event;
+use crate::lock::locked;
+use crate::metrics;
+use crate::service::leases;
+use crate::service::value::Stored;
+
+static AGES: Mutex<Ages> = Mutex::new(Ages::new());
+static LOG: Mutex<LongLog> = Mutex::new(LongLog::new());
+
+fn ages() -> MutexGuard<'static, Ages> {
+    locked(&AGES)
+}
+
+fn log() -> MutexGuard<'static, LongLog> {
+    locked(&LOG)
+}
+
+fn log_len() -> usize {
+    usize::try_from(config::LONG_HOLD_LOG_LEN.get()).unwrap_or(0)
+}
+
+/// After a change of the lock `stored` under `key` (in the selected db): its oldest hold.
+pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
+    let since = stored.lock().oldest_grant();
+    ages().set(stored.id(), since, || tag_of(selected_db(ctx), key));
+}
+
+/// The lock `stored` arrived under `key` (RENAME, MOVE, COPY, RESTORE).
+pub fn arrived(ctx: &Context, stored: &Stored, key: &[u8]) {
+    let tag = tag_of(selected_db(ctx), key);
+    let mut ages = ages();
+    ages.retag(stored.id(), tag);
+    ages.set(stored.id(), stored.lock().oldest_grant(), || tag);
+}
+
+/// After loading: the ages of every lock found (`(id, oldest grant, db, key)`).
+pub fn replace(found: impl IntoIterator<Item = (u64, u64, i32, Box<[u8]>)>) {
+    let mut ages = ages();
+    ages.clear();
+    for (id, since, db, key) in found {
+        ages.set(id, Some(since), || tag_of(db, &key));
+    }
+}
+
+/// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
+/// its logged long holds end as deleted. Also takes its lease index entries out.
+pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>) {
+    leases::forget(id, at, queued);
+    ages().forget(id);
+    log().all_ended(id, "deleted", crate::host::server::now_ms());
+}
+
+/// The word a long hold's log entry shows for the change that ended it.
+fn ending_of(event: Event) -> &'static str {
+    match event {
+        Event::Release | Event::DropHold => "released",
+        Event::Expired => "expired",
+        Event::ForceRelease => "forced",
+        Event::SessionEnd => "session",
+        // A downgrade keeps the hold; anything else that ends one replaced the lock.
+        _ => "replaced",
+    }
+}
+
+/// Before a change of `stored`: the fences of its long holds, to see which the change ends.
+pub fn long_before(stored: &Stored) -> Vec<u64> {
+    stored.lock().long_fences()
+}
+
+/// After a change (`event`) of `stored`: the long holds of `before` that are gone ended so.
+pub fn ended(stored: &Stored, before: &[u64], event: Event, now: u64) {
+    let gone = before
+        .iter()
+        .filter(|fence| !stored.lock().has_hold_with(**fence));
+    let mut log = None;
+    for fence in gone {
+        log.get_or_insert_with(self::log)
+            .ended(stored.id(), *fence, ending_of(event), now);
+    }
+}
+
+/// On a primary, when the lease index looks at the lock under `key`: the holds that became long
+/// holds are counted, announced and logged.
+pub fn cross(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
+    if !is_primary(ctx) {
+        return;
+    }
+    let crossed = stored.mark_long(now);
+    if crossed.is_empty() {
+        return;
+    }
+    let db = selected_db(ctx);
+    let max = log_len();
+    for (fence, grant) in crossed {
+        metrics::LONG_HOLDS.incr();
+        keys::notify(ctx, NotifyEvent::MODULE, c"lock.longhold", key);
+        log().record(
+            Crossing {
+                at: now,
+                db,
+                key: key.as_slice(),
+                lock: stored.id(),
+                fence,
+                since: grant.since,
+                client: grant.client,
+                who: &grant.who,
+            },
+            max,
+        );
+    }
+}
+
+/// INFO: the age of the oldest hold in ms (0 when nothing is held), and its key's tag (empty
+/// when none).
+pub fn oldest() -> (u64, String) {
+    match ages().oldest() {
+        Some((since, tag)) => (now_ms().saturating_sub(since), tag_text(tag)),
+        None => (0, String::new()),
+    }
+}
+
+/// `LOCK.LONGHOLDS GET [count] | LEN | RESET`.
+pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, subcommand, rest @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let word = subcommand.as_slice();
+    // `lock.long-hold-log-len` may have been lowered since the last entry.
+    log().trim(log_len());
+    if word.eq_ignore_ascii_case(b"LEN") && rest.is_empty() {
+        return Ok(RedisValue::Integer(
+            i64::try_from(log().len()).unwrap_or(i64::MAX),
+        ));
+    }
+    if word.eq_ignore_ascii_case(b"RESET") && rest.is_empty() {
+        log().reset();
+        return Ok(RedisValue::SimpleStringStatic("OK"));
+    }
+    if !word.eq_ignore_ascii_case(b"GET") {
+        return Err(LockError::UnknownSubcommand {
+            command: "LOCK.LONGHOLDS",
+            expected: "GET [count], LEN or RESET",
+        });
+    }
+    // Like SLOWLOG GET: 10 by default, -1 for all.
+    let count = match rest {
+        [] => 10,
+        [count] => match crate::host::server::parse_integer(count) {
+            Some(-1) => usize::MAX,
+            Some(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => {
+                return Err(LockError::BadInteger {
+                    name: "count",
+                    detail: "must be -1 or a non-negative integer",
+                })
+            }
+        },
+        _ => return Err(LockError::WrongArity),
+    };
+    let now = now_ms();
+    let entries = log()
+        .newest(count)
+        .map(|entry| {
+            let mut parts = entry.who.splitn(3, |b| *b == b' ');
+            let mut part = || {
+                Nested::Value(RedisValue::StringBuffer(
+                    parts.next().unwrap_or_default().to_vec(),
+                ))
+            };
+            let (addr, name, label) = (part(), part(), part());
+            let int =
+                |v: u64| Nested::Value(RedisValue::Integer(i64::try_from(v).unwrap_or(i64::MAX)));
+            Nested::Map(vec![
+                ("id", int(entry.id)),
+                ("time", int(entry.at / 1000)),
+                (
+                    "key",
+                    Nested::Value(RedisValue::StringBuffer(entry.key.to_vec())),
+                ),
+                (
+                    "tag",
+                    Nested::Value(RedisValue::SimpleString(tag_text(entry.tag))),
+                ),
+                ("db", int(u64::try_from(entry.db).unwrap_or(0))),
+                (
+                    "held_ms",
+                    int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
+                ),
+                ("fence", int(entry.fence)),
+                ("label", label),
+                ("client_id", int(entry.client)),
+                ("client_name", name),
+                ("client_addr", addr),
+                (
+                    "ended",
+                    Nested::Value(RedisValue::SimpleStringStatic(
+                        entry.ended.unwrap_or("held"),
+                    )),
+                ),
+            ])
+        })
+        .collect();
+    reply_nested(ctx, Nested::List(entries))
+}

@@ -1,0 +1,199 @@
+//! What an operator sees of one lock: who holds it and who waits for it (`LOCK.WHO`).
+
+use std::time::Instant;
+
+use redis_module::{Context, RedisString, RedisValue};
+
+use crate::error::LockError;
+use crate::host::command::{reply_nested, CommandResult, Nested};
+use crate::host::server::{connection_of, is_primary, now_ms};
+use crate::lock::ages::{tag_of, tag_text};
+use crate::lock::core::{Grant, Holder, Mode};
+use crate::lock::queues::{Kind, Waiter};
+use crate::service::args;
+use crate::service::handoff::fence_reply;
+use crate::service::value::in_key;
+use crate::service::waiters;
+
+fn int(value: impl TryInto<i64>) -> Nested {
+    Nested::Value(RedisValue::Integer(value.try_into().unwrap_or(i64::MAX)))
+}
+
+fn text(value: &[u8]) -> Nested {
+    Nested::Value(RedisValue::StringBuffer(value.to_vec()))
+}
+
+fn word(value: &'static str) -> Nested {
+    Nested::Value(RedisValue::SimpleStringStatic(value))
+}
+
+/// Milliseconds from `since` to now, for a wait.
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Whether the client a hold was granted to is still connected under that id: 1 or 0; -1 when
+/// nobody can tell (the id is unknown, or this is a replica, where ids are the primary's). A
+/// restarted server reuses ids, so the address must match too.
+fn connected(ctx: &Context, grant: &Grant) -> i64 {
+    if grant.client == 0 || !is_primary(ctx) {
+        return -1;
+    }
+    let now = connection_of(ctx, grant.client);
+    let addr = now.split(|b| *b == b' ').next().unwrap_or_default();
+    i64::from(!now.is_empty() && addr == grant.addr())
+}
+
+/// One holder's entry.
+fn holder_entry(
+    ctx: &Context,
+    mode: &'static str,
+    fence: u64,
+    holder: &Holder,
+    now: u64,
+) -> Nested {
+    let grant = &*holder.grant;
+    let held = if grant.since == 0 {
+        -1
+    } else {
+        i64::try_from(now.saturating_sub(grant.since)).unwrap_or(i64::MAX)
+    };
+    Nested::Map(vec![
+        ("mode", word(mode)),
+        ("fence", int(fence_reply(fence))),
+        ("held_ms", int(held)),
+        ("ttl", int(holder.deadline.saturating_sub(now))),
+        ("holds", int(holder.holds)),
+        ("session", int(holder.session)),
+        ("lock_delay", int(grant.delay)),
+        ("client_id", int(grant.client)),
+        ("client_name", text(grant.name())),
+        ("client_addr", text(grant.addr())),
+        ("label", text(grant.label())),
+        ("connected", int(connected(ctx, grant))),
+    ])
+}
+
+/// One queued acquirer's entry; `position` counts from 1.
+fn waiter_entry<H>(ctx: &Context, position: usize, waiter: &Waiter<H>) -> Option<Nested> {
+    let (request, keys) = match &waiter.kind {
+        Kind::Acquire(request) => (request, 1),
+        Kind::AcquireAll { request, keys } => (request, keys.len()),
+        Kind::Watch { .. } => return None,
+    };
+    let (mode, limit) = match request.mode {
+        Mode::Exclusive => ("exclusive", 0),
+        Mode::Shared => ("shared", 0),
+        Mode::Permit(limit) => ("permit", limit),
+    };
+    let connection = connection_of(ctx, request.client);
+    let mut parts = connection.splitn(2, |b| *b == b' ');
+    let addr = parts.next().unwrap_or_default();
+    let name = parts.next().unwrap_or_default();
+    let timeout = waiter.until.map_or(-1, |until| {
+        let left = until.saturating_duration_since(Instant::now());
+        i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
+    });
+    Some(Nested::Map(vec![
+        ("position", int(position)),
+        ("mode", word(mode)),
+        ("limit", int(limit)),
+        ("client_id", int(request.client)),
+        ("client_name", text(name)),
+        ("client_addr", text(addr)),
+        ("label", text(&request.label)),
+        ("waited_ms", int(elapsed_ms(waiter.since))),
+        ("timeout_ms", int(timeout)),
+        ("keys", int(keys)),
+    ]))
+}
+
+/// The client a waiter is.
+fn client_of<H>(waiter: &Waiter<H>) -> u64 {
+    match &waiter.kind {
+        Kind::Acquire(request) | Kind::AcquireAll { request, .. } => request.client,
+        Kind::Watch { .. } => 0,
+    }
+}
+
+/// `LOCK.WHO key [COUNT count] [CLIENT client-id]`: the lock's holders, and the acquirers
+/// queued for it in queue order, each with who it is; nil when the key does not exist and
+/// nobody waits for it. Never a token.
+pub fn who(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    let [_, key_name, options @ ..] = args else {
+        return Err(LockError::WrongArity);
+    };
+    let options = args::who_options(ctx, options, 2)?;
+    let key = ctx.open_key(key_name);
+    let stored = in_key(&key)?;
+    let (db, name) = waiters::key_ref(ctx, key_name);
+    let queues = waiters::queues();
+    let queued = queues.acquirers_on(db, &name);
+    let watchers = queues.watchers_on(db, &name);
+    if stored.is_none() && queued == 0 && watchers == 0 {
+        return Ok(RedisValue::Null);
+    }
+    let now = now_ms();
+    let wanted = |client: u64| options.client.is_none_or(|c| c == client);
+
+    let mut holders = Vec::new();
+    let mut holders_total = 0;
+    let mut state = "free";
+    let mut mode = "none";
+    let (mut fence, mut delay_ttl) = (0, -1);
+    if let Some(stored) = stored {
+        let lock = stored.lock();
+        fence = lock.fence;
+        delay_ttl = lock
+            .delay_ttl(now)
+            .map_or(-1, |t| i64::try_from(t).unwrap_or(i64::MAX));
+        let hold_mode = if lock.limit() > 0 {
+            "permit"
+        } else if lock.live_holder(now).is_some() {
+            "exclusive"
+        } else {
+            "shared"
+        };
+        for (fence, holder) in lock.live_holders(now) {
+            holders_total += 1;
+            if wanted(holder.grant.client) && holders.len() < options.count {
+                holders.push(holder_entry(ctx, hold_mode, fence, holder, now));
+            }
+        }
+        if holders_total > 0 {
+            state = "held";
+        }
+        mode = if lock.limit() > 0 {
+            "semaphore"
+        } else if holders_total == 0 {
+            "none"
+        } else {
+            hold_mode
+        };
+    }
+    let mut waiting = Vec::new();
+    for (index, waiter) in queues.acquirers(db, &name).enumerate() {
+        if waiting.len() >= options.count {
+            break;
+        }
+        if wanted(client_of(waiter)) {
+            waiting.extend(waiter_entry(ctx, index + 1, waiter));
+        }
+    }
+    drop(queues);
+    reply_nested(
+        ctx,
+        Nested::Map(vec![
+            ("state", word(state)),
+            ("mode", word(mode)),
+            ("fence", int(fence_reply(fence))),
+            ("delay_ttl", int(delay_ttl)),
+            ("tag", text(tag_text(tag_of(db, &name)).as_bytes())),
+            ("holders_total", int(holders_total)),
+            ("holders", Nested::List(holders)),
+            ("waiters_total", int(queued)),
+            ("waiters", Nested::List(waiting)),
+            ("watchers", int(watchers)),
+        ]),
+    )
+}

@@ -1,0 +1,581 @@
+//! LOCK.WHO (who holds, who waits, in queue order), LABEL, long holds (`lock.long-hold`, the
+//! `lock.longhold` event, LOCK.LONGHOLDS) and the INFO ages of the oldest hold and waiter.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+
+/// A flat field/value array (RESP2) or a map (RESP3) as a map.
+fn map_of(reply: &Reply) -> BTreeMap<String, Reply> {
+    match reply {
+        Reply::Map(pairs) => pairs.iter().map(|(k, v)| (k.text(), v.clone())).collect(),
+        other => other
+            .items()
+            .chunks(2)
+            .map(|pair| (pair[0].text(), pair[1].clone()))
+            .collect(),
+    }
+}
+
+fn who(c: &mut Conn, args: &[&str]) -> BTreeMap<String, Reply> {
+    let mut call = vec!["LOCK.WHO"];
+    call.extend_from_slice(args);
+    let reply = c.call(&call);
+    map_of(&reply)
+}
+
+fn entries(who: &BTreeMap<String, Reply>, list: &str) -> Vec<BTreeMap<String, Reply>> {
+    who[list].items().iter().map(map_of).collect()
+}
+
+/// `addr=` of `CLIENT INFO` on this connection, and its id.
+fn me(c: &mut Conn) -> (String, i64) {
+    let info = c.call(&["CLIENT", "INFO"]).text();
+    let addr = info
+        .split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .unwrap()
+        .to_string();
+    (addr, c.call(&["CLIENT", "ID"]).int())
+}
+
+const TOKEN: &str = "tok-who-5ecr3t";
+
+#[test]
+fn who_names_the_holder_by_client_and_label_and_never_the_token() {
+    let server = Server::start();
+    let mut holder = server.conn();
+    assert_eq!(
+        holder.call(&["CLIENT", "SETNAME", "billing-worker"]),
+        Reply::status("OK")
+    );
+    let (addr, id) = me(&mut holder);
+    let fence = acquire_with(
+        &mut holder,
+        "orders:42",
+        TOKEN,
+        60_000,
+        &["SESSION", "LABEL", "host-7:pid-42"],
+    )
+    .int();
+    let mut op = server.conn();
+    let raw = op.call(&["LOCK.WHO", "orders:42"]);
+    assert!(!format!("{raw:?}").contains(TOKEN), "{raw:?}");
+    let view = map_of(&raw);
+    assert_eq!(view["state"].text(), "held");
+    assert_eq!(view["mode"].text(), "exclusive");
+    assert_eq!(view["fence"], Reply::Int(fence));
+    assert_eq!(view["delay_ttl"], Reply::Int(-1));
+    assert_eq!(view["holders_total"], Reply::Int(1));
+    assert_eq!(view["waiters_total"], Reply::Int(0));
+    assert_eq!(view["watchers"], Reply::Int(0));
+    assert_eq!(view["tag"].text().len(), 16);
+    let holders = entries(&view, "holders");
+    assert_eq!(holders.len(), 1);
+    let h = &holders[0];
+    assert_eq!(h["mode"].text(), "exclusive");
+    assert_eq!(h["fence"], Reply::Int(fence));
+    assert!((0..5_000).contains(&h["held_ms"].int()), "{h:?}");
+    assert!((55_000..=60_000).contains(&h["ttl"].int()), "{h:?}");
+    assert_eq!(h["holds"], Reply::Int(1));
+    assert_eq!(h["session"], Reply::Int(1));
+    assert_eq!(h["lock_delay"], Reply::Int(0));
+    assert_eq!(h["client_id"], Reply::Int(id));
+    assert_eq!(h["client_name"].text(), "billing-worker");
+    assert_eq!(h["client_addr"].text(), addr);
+    assert_eq!(h["label"].text(), "host-7:pid-42");
+    assert_eq!(h["connected"], Reply::Int(1));
+
+    // A refresh from another connection without a label: the new connection, the same label
+    // and grant time.
+    let mut retry = server.conn();
+    let (retry_addr, retry_id) = me(&mut retry);
+    assert_eq!(
+        acquire_with(&mut retry, "orders:42", TOKEN, 60_000, &[]),
+        Reply::Int(fence)
+    );
+    let h = entries(&who(&mut op, &["orders:42"]), "holders").remove(0);
+    assert_eq!(h["client_id"], Reply::Int(retry_id));
+    assert_eq!(h["client_addr"].text(), retry_addr);
+    assert_eq!(h["client_name"].text(), "");
+    assert_eq!(h["label"].text(), "host-7:pid-42");
+    // The grant's connection closed: still named, no longer connected (the session lock
+    // belongs to the first connection, which stays).
+    drop(retry);
+    wait_for("the retry connection to close", || {
+        let h = entries(&who(&mut op, &["orders:42"]), "holders").remove(0);
+        (h["connected"] == Reply::Int(0)).then_some(())
+    });
+
+    // A missing key with nobody waiting: nil. Another type: WRONGTYPE.
+    assert_eq!(op.call(&["LOCK.WHO", "nothing"]), Reply::Nil);
+    assert_eq!(op.call(&["SET", "plain", "1"]), Reply::status("OK"));
+    assert_eq!(
+        op.call(&["LOCK.WHO", "plain"]),
+        Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value")
+    );
+    // RESP3: maps.
+    let mut c3 = server.conn3();
+    let reply = c3.call(&["LOCK.WHO", "orders:42"]);
+    let Reply::Map(_) = &reply else {
+        panic!("{reply:?}")
+    };
+    let holders = map_of(&reply)["holders"].clone();
+    assert!(matches!(&holders.items()[0], Reply::Map(_)), "{holders:?}");
+}
+
+#[test]
+fn who_lists_waiters_in_queue_order_bounded_by_count_and_a_client_finds_its_place() {
+    let server = Server::start();
+    let mut op = server.conn();
+    acquire(&mut op, "q", "holder", 60_000);
+    acquire(&mut op, "other", "holder", 60_000);
+    let mut waiters = Vec::new();
+    for (i, extra) in [
+        &["WAIT", "30000", "LABEL", "first"][..],
+        &["WAIT", "0", "SHARED"][..],
+        &["WAIT", "20000", "REENTRANT"][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = server.conn();
+        c.call(&["CLIENT", "SETNAME", &format!("waiter-{i}")]);
+        let (addr, id) = me(&mut c);
+        let token = format!("{TOKEN}-{i}");
+        let mut call = vec!["LOCK.ACQUIRE", "q", &token, "1000"];
+        call.extend_from_slice(extra);
+        let before = blocked(&server);
+        c.send(&call);
+        wait_blocked(&server, before + 1);
+        waiters.push((c, addr, id));
+    }
+    // A multi-lock waiter shows on both its keys.
+    let mut multi = server.conn();
+    let (_, multi_id) = me(&mut multi);
+    multi.send(&[
+        "LOCK.MACQUIRE",
+        "2",
+        "other",
+        "q",
+        TOKEN,
+        "1000",
+        "WAIT",
+        "10000",
+        "LABEL",
+        "both",
+    ]);
+    wait_blocked(&server, 4);
+
+    let view = who(&mut op, &["q"]);
+    assert_eq!(view["waiters_total"], Reply::Int(4));
+    let listed = entries(&view, "waiters");
+    assert_eq!(listed.len(), 4);
+    let expected = [
+        ("exclusive", 0, "first"),
+        ("shared", 0, ""),
+        ("exclusive", 0, ""),
+        ("exclusive", 0, "both"),
+    ];
+    for (i, (w, (mode, limit, label))) in listed.iter().zip(expected).enumerate() {
+        assert_eq!(w["position"], Reply::Int(i as i64 + 1), "{w:?}");
+        assert_eq!(w["mode"].text(), mode, "{w:?}");
+        assert_eq!(w["limit"], Reply::Int(limit), "{w:?}");
+        assert_eq!(w["label"].text(), label, "{w:?}");
+        assert!((0..10_000).contains(&w["waited_ms"].int()), "{w:?}");
+        if i < 3 {
+            let (_, addr, id) = &waiters[i];
+            assert_eq!(w["client_id"], Reply::Int(*id), "{w:?}");
+            assert_eq!(w["client_addr"].text(), *addr, "{w:?}");
+            assert_eq!(w["client_name"].text(), format!("waiter-{i}"), "{w:?}");
+            assert_eq!(w["keys"], Reply::Int(1), "{w:?}");
+        }
+    }
+    assert!((25_000..=30_000).contains(&listed[0]["timeout_ms"].int()));
+    assert_eq!(listed[1]["timeout_ms"], Reply::Int(-1));
+    assert_eq!(listed[3]["client_id"], Reply::Int(multi_id));
+    assert_eq!(listed[3]["keys"], Reply::Int(2));
+    let on_other = entries(&who(&mut op, &["other"]), "waiters");
+    assert_eq!(on_other.len(), 1);
+    assert_eq!(on_other[0]["client_id"], Reply::Int(multi_id));
+    assert_eq!(on_other[0]["position"], Reply::Int(1));
+
+    // COUNT bounds each list; the totals stay.
+    let view = who(&mut op, &["q", "COUNT", "2"]);
+    assert_eq!(entries(&view, "waiters").len(), 2);
+    assert_eq!(view["waiters_total"], Reply::Int(4));
+    // CLIENT: that client's own place.
+    let third = waiters[2].2.to_string();
+    let view = who(&mut op, &["q", "CLIENT", &third, "COUNT", "1"]);
+    let mine = entries(&view, "waiters");
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0]["position"], Reply::Int(3));
+    assert_eq!(entries(&view, "holders").len(), 0);
+    assert_eq!(view["holders_total"], Reply::Int(1));
+    // Positions move up as the queue is served.
+    assert_eq!(op.call(&["LOCK.RELEASE", "q", "holder"]), Reply::Int(1));
+    granted(&mut waiters[0].0);
+    let view = who(&mut op, &["q", "CLIENT", &third]);
+    assert_eq!(entries(&view, "waiters")[0]["position"], Reply::Int(2));
+    let holders = entries(&view, "holders");
+    assert_eq!(holders.len(), 0);
+    let view = who(&mut op, &["q"]);
+    let holder = &entries(&view, "holders")[0];
+    assert_eq!(holder["label"].text(), "first");
+    assert_eq!(holder["client_id"], Reply::Int(waiters[0].2));
+    assert_eq!(holder["client_name"].text(), "waiter-0");
+
+    // A semaphore: permit holders and permit waiters.
+    acquire_with(&mut op, "sem", "p1", 60_000, &["LIMIT", "1", "LABEL", "p1"]).int();
+    let mut permit = server.conn();
+    let before = blocked(&server);
+    permit.send(&[
+        "LOCK.ACQUIRE",
+        "sem",
+        "p2",
+        "1000",
+        "LIMIT",
+        "1",
+        "WAIT",
+        "5000",
+    ]);
+    wait_blocked(&server, before + 1);
+    let view = who(&mut op, &["sem"]);
+    assert_eq!(view["mode"].text(), "semaphore");
+    assert_eq!(entries(&view, "holders")[0]["mode"].text(), "permit");
+    assert_eq!(entries(&view, "holders")[0]["label"].text(), "p1");
+    let waiting = entries(&view, "waiters");
+    assert_eq!(waiting[0]["mode"].text(), "permit");
+    assert_eq!(waiting[0]["limit"], Reply::Int(1));
+}
+
+#[test]
+fn bad_labels_and_who_options_are_refused_and_change_nothing() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let long = "x".repeat(129);
+    let bad_label =
+        "ERR invalid label: printable ASCII without spaces, at most 128 bytes".to_string();
+    for label in ["with space", "", &long, "tab\there", "caf\u{e9}"] {
+        assert_eq!(
+            c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "LABEL", label]),
+            Reply::Error(bad_label.clone()),
+            "{label:?}"
+        );
+    }
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "LABEL"]),
+        Reply::Error(bad_label.clone())
+    );
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "LABEL", "a", "LABEL", "b"]),
+        Reply::error("ERR option LABEL given more than once")
+    );
+    assert_eq!(
+        c.call(&["LOCK.MACQUIRE", "1", "k", "t", "1000", "LABEL", "a b"]),
+        Reply::Error(bad_label)
+    );
+    assert_eq!(c.call(&["EXISTS", "k"]), Reply::Int(0));
+    // 128 bytes of printable ASCII is fine.
+    let max = "~".repeat(128);
+    acquire_with(&mut c, "k", "t", 1000, &["LABEL", &max]).int();
+    assert_eq!(
+        entries(&who(&mut c, &["k"]), "holders")[0]["label"].text(),
+        max
+    );
+
+    for (args, error) in [
+        (
+            &["k", "COUNT", "0"][..],
+            "ERR invalid count: must be between 1 and 10000",
+        ),
+        (
+            &["k", "COUNT", "10001"],
+            "ERR invalid count: must be between 1 and 10000",
+        ),
+        (
+            &["k", "COUNT", "x"],
+            "ERR invalid count: must be between 1 and 10000",
+        ),
+        (&["k", "COUNT"], "ERR invalid count: missing after COUNT"),
+        (
+            &["k", "COUNT", "1", "COUNT", "2"],
+            "ERR option COUNT given more than once",
+        ),
+        (
+            &["k", "CLIENT", "0"],
+            "ERR invalid client-id: must be a positive integer",
+        ),
+        (
+            &["k", "CLIENT", "-3"],
+            "ERR invalid client-id: must be a positive integer",
+        ),
+        (
+            &["k", "SOON"],
+            "ERR unknown option at argument 2 (expected COUNT or CLIENT)",
+        ),
+    ] {
+        let mut call = vec!["LOCK.WHO"];
+        call.extend_from_slice(args);
+        assert_eq!(c.call(&call), Reply::error(error), "{args:?}");
+    }
+    assert_eq!(
+        c.call(&["LOCK.WHO"]),
+        Reply::error("ERR wrong number of arguments for 'lock.who' command")
+    );
+}
+
+#[test]
+fn who_works_in_multi_and_scripts_and_a_replica_shows_the_same_holder() {
+    let primary = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&primary);
+    let mut c = primary.conn();
+    c.call(&["CLIENT", "SETNAME", "app"]);
+    let (addr, id) = me(&mut c);
+    let fence = acquire_with(&mut c, "k", TOKEN, 60_000, &["LABEL", "svc-1"]).int();
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(c.call(&["LOCK.WHO", "k"]), Reply::status("QUEUED"));
+    let exec = c.call(&["EXEC"]);
+    assert_eq!(map_of(&exec.items()[0])["fence"], Reply::Int(fence));
+    let script = c.call(&["EVAL", "return redis.call('LOCK.WHO', KEYS[1])", "1", "k"]);
+    assert_eq!(map_of(&script)["holders_total"], Reply::Int(1));
+
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    let h = entries(&who(&mut r, &["k"]), "holders").remove(0);
+    assert_eq!(h["fence"], Reply::Int(fence));
+    assert_eq!(h["client_id"], Reply::Int(id));
+    assert_eq!(h["client_addr"].text(), addr);
+    assert_eq!(h["client_name"].text(), "app");
+    assert_eq!(h["label"].text(), "svc-1");
+    // A replica cannot tell whether the primary's client is connected.
+    assert_eq!(h["connected"], Reply::Int(-1));
+    assert_eq!(
+        digest_value(&mut c, "k"),
+        digest_value(&mut r, "k"),
+        "primary and replica agree on who holds"
+    );
+}
+
+#[test]
+fn who_holds_survives_debug_reload_restart_and_restore_and_an_older_encoding_loads() {
+    let mut server = Server::start_with(
+        Config::default()
+            .with("appendonly", "yes")
+            .with("save", "60 1"),
+    );
+    let mut c = server.conn();
+    c.call(&["CLIENT", "SETNAME", "keeper"]);
+    let (addr, id) = me(&mut c);
+    let fence = acquire_with(&mut c, "k", TOKEN, 600_000, &["LABEL", "keep-me"]).int();
+    acquire(&mut c, "unlabelled", "t", 600_000);
+    let check = |c: &mut Conn, what: &str| {
+        let h = entries(&who(c, &["k"]), "holders").remove(0);
+        assert_eq!(h["fence"], Reply::Int(fence), "{what}");
+        assert_eq!(h["client_id"], Reply::Int(id), "{what}");
+        assert_eq!(h["client_addr"].text(), addr, "{what}");
+        assert_eq!(h["client_name"].text(), "keeper", "{what}");
+        assert_eq!(h["label"].text(), "keep-me", "{what}");
+        assert!(h["held_ms"].int() >= 0, "{what}");
+        h["held_ms"].int()
+    };
+    check(&mut c, "before");
+    assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
+    check(&mut c, "after DEBUG RELOAD");
+    let Reply::Bulk(dump) = c.call(&["DUMP", "k"]) else {
+        panic!("DUMP")
+    };
+    assert_eq!(
+        c.call(&["RESTORE".as_bytes(), b"copy", b"0", &dump]),
+        Reply::status("OK")
+    );
+    let h = entries(&who(&mut c, &["copy"]), "holders").remove(0);
+    assert_eq!(h["label"].text(), "keep-me");
+    drop(c);
+    server.shutdown_and_restart();
+    let mut c = server.conn();
+    let held = check(&mut c, "after a restart from the AOF");
+    let h = entries(&who(&mut c, &["k"]), "holders").remove(0);
+    assert_eq!(
+        h["connected"],
+        Reply::Int(0),
+        "a restart closed every connection"
+    );
+    assert!(held >= 0);
+    // A hold written by the previous encoding (no grant record) shows what is unknown.
+    let format = LockDumpFormat::learn(&mut c);
+    let deadline = now_ms() + 60_000;
+    let old = format.payload_of_version(
+        3,
+        &held_fields(fence as u64 + 5, b"old-token", deadline, 1, 0),
+    );
+    assert_eq!(restore(&mut c, "old", &old), Reply::status("OK"));
+    let h = entries(&who(&mut c, &["old"]), "holders").remove(0);
+    assert_eq!(h["held_ms"], Reply::Int(-1));
+    assert_eq!(h["client_id"], Reply::Int(0));
+    assert_eq!(h["client_addr"].text(), "");
+    assert_eq!(h["label"].text(), "");
+    assert_eq!(h["connected"], Reply::Int(-1));
+}
+
+#[test]
+fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
+    let server = Server::start_with(
+        Config::default()
+            .with("notify-keyspace-events", "KA")
+            .module_arg("long-hold")
+            .module_arg("300"),
+    );
+    let mut sub = subscribe_keyspace(&server, "slow");
+    let mut c = server.conn();
+    c.call(&["CLIENT", "SETNAME", "slowpoke"]);
+    let (addr, id) = me(&mut c);
+    assert_eq!(server.info_int("lock_long_hold_ms"), 300);
+    assert_eq!(server.info_int("lock_oldest_hold_ms"), 0);
+    let fence = acquire_with(&mut c, "slow", TOKEN, 60_000, &["LABEL", "batch-9"]).int();
+    assert_eq!(next_event(&mut sub), "lock.acquire");
+    assert_eq!(next_event(&mut sub), "lock.longhold");
+    assert_eq!(server.info_int("lock_long_holds"), 1);
+    let oldest = server.info_int("lock_oldest_hold_ms");
+    assert!(oldest >= 300, "{oldest}");
+    let tag = server.info_field("lock", "lock_oldest_hold_tag").unwrap();
+    assert_eq!(tag, who(&mut c, &["slow"])["tag"].text());
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "LEN"]), Reply::Int(1));
+    let log = c.call(&["LOCK.LONGHOLDS", "GET"]);
+    let entry = map_of(&log.items()[0]);
+    assert_eq!(entry["id"], Reply::Int(0));
+    assert_eq!(entry["key"].text(), "slow");
+    assert_eq!(entry["tag"].text(), tag);
+    assert_eq!(entry["fence"], Reply::Int(fence));
+    assert_eq!(entry["label"].text(), "batch-9");
+    assert_eq!(entry["client_id"], Reply::Int(id));
+    assert_eq!(entry["client_name"].text(), "slowpoke");
+    assert_eq!(entry["client_addr"].text(), addr);
+    assert_eq!(entry["ended"].text(), "held");
+    assert!(entry["held_ms"].int() >= 300);
+    let now_s = (now_ms() / 1000) as i64;
+    assert!(
+        (now_s - 5..=now_s).contains(&entry["time"].int()),
+        "{entry:?}"
+    );
+    assert!(!format!("{log:?}").contains(TOKEN));
+
+    // Renewing and refreshing do not announce it again.
+    assert_eq!(
+        c.call(&["LOCK.RENEW", "slow", TOKEN, "60000"]),
+        Reply::Int(1)
+    );
+    assert_eq!(next_event(&mut sub), "lock.renew");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(c.call(&["LOCK.RELEASE", "slow", TOKEN]), Reply::Int(1));
+    assert_eq!(next_event(&mut sub), "lock.release");
+    assert_eq!(server.info_int("lock_long_holds"), 1);
+    let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET"]).items()[0]);
+    assert_eq!(entry["ended"].text(), "released");
+    let held = entry["held_ms"].int();
+    assert!(held >= 700, "{held}");
+    // Ended: the time stays.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
+    assert_eq!(entry["held_ms"], Reply::Int(held));
+    assert_eq!(server.info_int("lock_oldest_hold_ms"), 0);
+    assert_eq!(
+        server.info_field("lock", "lock_oldest_hold_tag").unwrap(),
+        ""
+    );
+
+    // An expiry, a forced release and a deletion end the next ones.
+    for (key, end) in [("e", "expired"), ("f", "forced"), ("d", "deleted")] {
+        let ttl = if end == "expired" { 600 } else { 60_000 };
+        acquire(&mut c, key, TOKEN, ttl);
+        wait_for("the long hold", || {
+            (c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items().first())
+                .map(map_of)
+                .filter(|e| e["key"].text() == key)
+        });
+        match end {
+            "forced" => assert_eq!(c.call(&["LOCK.FORCERELEASE", key]), Reply::Int(1)),
+            "deleted" => assert_eq!(c.call(&["DEL", key]), Reply::Int(1)),
+            _ => {}
+        }
+        wait_for(end, || {
+            let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
+            (entry["ended"].text() == end).then_some(())
+        });
+    }
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "LEN"]), Reply::Int(4));
+    assert_eq!(server.info_int("lock_long_holds"), 4);
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "GET", "-1"]).items().len(), 4);
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "GET", "0"]).items().len(), 0);
+    // The log is bounded by lock.long-hold-log-len; RESET empties it.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold-log-len", "2"]),
+        Reply::status("OK")
+    );
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "LEN"]), Reply::Int(2));
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "RESET"]), Reply::status("OK"));
+    assert_eq!(c.call(&["LOCK.LONGHOLDS", "LEN"]), Reply::Int(0));
+    for (args, error) in [
+        (&["LOCK.LONGHOLDS", "GET", "-2"][..], "ERR invalid count: must be -1 or a non-negative integer"),
+        (&["LOCK.LONGHOLDS", "GET", "x"], "ERR invalid count: must be -1 or a non-negative integer"),
+        (&["LOCK.LONGHOLDS", "LEN", "1"], "ERR unknown subcommand or wrong number of arguments for LOCK.LONGHOLDS (expected GET [count], LEN or RESET)"),
+        (&["LOCK.LONGHOLDS", "FLUSH"], "ERR unknown subcommand or wrong number of arguments for LOCK.LONGHOLDS (expected GET [count], LEN or RESET)"),
+    ] {
+        assert_eq!(c.call(args), Reply::error(error), "{args:?}");
+    }
+    // Off: no more long holds.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "0"]),
+        Reply::status("OK")
+    );
+    acquire(&mut c, "off", TOKEN, 60_000);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(server.info_int("lock_long_holds"), 4);
+}
+
+#[test]
+fn shared_holders_cross_the_threshold_each_once() {
+    let server = Server::start_with(Config::default().module_arg("long-hold").module_arg("200"));
+    let mut c = server.conn();
+    acquire_with(&mut c, "s", "reader-1", 60_000, &["SHARED", "LABEL", "r1"]).int();
+    wait_for("the first long hold", || {
+        (server.info_int("lock_long_holds") == 1).then_some(())
+    });
+    acquire_with(&mut c, "s", "reader-2", 60_000, &["SHARED", "LABEL", "r2"]).int();
+    wait_for("the second long hold", || {
+        (server.info_int("lock_long_holds") == 2).then_some(())
+    });
+    assert_eq!(c.call(&["LOCK.RELEASE", "s", "reader-1"]), Reply::Int(1));
+    let log = c.call(&["LOCK.LONGHOLDS", "GET"]);
+    let entries: Vec<_> = log.items().iter().map(map_of).collect();
+    assert_eq!(entries[0]["label"].text(), "r2");
+    assert_eq!(entries[0]["ended"].text(), "held");
+    assert_eq!(entries[1]["label"].text(), "r1");
+    assert_eq!(entries[1]["ended"].text(), "released");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(server.info_int("lock_long_holds"), 2);
+}
+
+#[test]
+fn the_oldest_waiter_is_timed_in_info() {
+    let server = Server::start();
+    let mut c = server.conn();
+    assert_eq!(server.info_int("lock_oldest_wait_ms"), 0);
+    acquire(&mut c, "busy", "holder", 60_000);
+    let mut waiter = queue_waiter(&server, "busy", "w", 1000, 0);
+    wait_for("the waiter to age", || {
+        (server.info_int("lock_oldest_wait_ms") >= 200).then_some(())
+    });
+    let tag = server.info_field("lock", "lock_oldest_wait_tag").unwrap();
+    assert_eq!(tag, who(&mut c, &["busy"])["tag"].text());
+    assert_eq!(c.call(&["LOCK.RELEASE", "busy", "holder"]), Reply::Int(1));
+    granted(&mut waiter);
+    assert_eq!(server.info_int("lock_oldest_wait_ms"), 0);
+    assert_eq!(
+        server.info_field("lock", "lock_oldest_wait_tag").unwrap(),
+        ""
+    );
+}
