@@ -339,6 +339,8 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         host::config::register_numeric(ctx, config, default)?;
     }
     host::config::load(ctx)?;
+    host::config::on_change(service::audit::config_changed);
+    let config_callers = host::audit::watch_config_calls(ctx);
     let category = host::command::add_acl_category(ctx, ACL_CATEGORY);
     for command in COMMANDS {
         host::command::create_command(ctx, command, category)?;
@@ -361,5 +363,11 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         server,
         host::api::Optional::probe(slot_imports).describe()
     ));
+    if !config_callers {
+        host::log_notice(
+            "lock audit: this server does not tell modules who runs CONFIG SET; changes of \
+             lock.* configs are logged without the client",
+        );
+    }
     Ok(())
 }

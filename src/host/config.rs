@@ -2,6 +2,8 @@
 
 use std::ffi::{c_char, c_int, c_longlong, c_void, CString};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use redis_module::{raw, Context};
 
@@ -39,6 +41,18 @@ pub fn register_numeric(
     Ok(())
 }
 
+/// What a config change (after load) calls: the config, its old value, its new one.
+pub type OnChange = fn(&'static NumericConfig, i64, i64);
+
+static ON_CHANGE: OnceLock<OnChange> = OnceLock::new();
+/// Set once the load-time values are applied: later sets are changes.
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// Installs what a config change calls (once, at load).
+pub fn on_change(hook: OnChange) {
+    let _ = ON_CHANGE.set(hook);
+}
+
 /// Applies the values given as module arguments, after every config is registered.
 pub fn load(ctx: &Context) -> Result<(), String> {
     // SAFETY: a valid context, during OnLoad.
@@ -46,6 +60,7 @@ pub fn load(ctx: &Context) -> Result<(), String> {
     if status == ERR {
         return Err("cannot load configs".into());
     }
+    LOADED.store(true, Ordering::Relaxed);
     Ok(())
 }
 
@@ -62,7 +77,13 @@ extern "C" fn set(
     _err: *mut *mut raw::RedisModuleString,
 ) -> c_int {
     // SAFETY: as in `get`. Redis has already checked the bounds.
-    let config = unsafe { &*privdata.cast::<NumericConfig>() };
+    let config: &'static NumericConfig = unsafe { &*privdata.cast::<NumericConfig>() };
+    let old = config.get();
     config.set(value);
+    if LOADED.load(Ordering::Relaxed) {
+        if let Some(hook) = ON_CHANGE.get() {
+            crate::host::guarded((), || hook(config, old, value));
+        }
+    }
     OK
 }

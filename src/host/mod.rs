@@ -15,6 +15,7 @@
 //! - [`config`], [`info`]: `CONFIG` and `INFO` registration.
 
 pub mod api;
+pub mod audit;
 pub mod blocking;
 pub mod call;
 pub mod command;

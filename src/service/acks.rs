@@ -31,6 +31,7 @@ use crate::lock::locked;
 use crate::lock::queues::{Ending, SyncRequest};
 use crate::lock::KeyRef;
 use crate::metrics;
+use crate::service::audit;
 use crate::service::change::{change, reclaim_if_due};
 use crate::service::value::{in_key, in_key_mut};
 use crate::service::waiters;
@@ -250,10 +251,18 @@ fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u
         let name = key_string(ctx, key);
         let handle = ctx.open_key_writable(&name);
         if let Ok(Some(stored)) = in_key_mut(&handle) {
+            let grant = stored
+                .lock()
+                .all_holders()
+                .find(|(f, h)| *f == fence && *h.token == *token)
+                .map(|(_, h)| (*h.grant).clone());
             let revoked = change(ctx, &name, stored, now, |lock| {
                 lock.revoke(token, fence, now).then_some(Event::Release)
             });
             if revoked.is_some() {
+                if let Some(grant) = &grant {
+                    audit::taken_back(key, fence, grant, now);
+                }
                 metrics::RELEASED.incr();
                 reclaim_if_due(ctx, &handle, &name, now);
             } else {

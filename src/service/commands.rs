@@ -12,7 +12,7 @@ use crate::host::server::{
     client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
 };
 use crate::lock::codec::{self, MemberEffect};
-use crate::lock::core::{self, Acquire, Lock, Mode};
+use crate::lock::core::{self, Acquire, Grant, Lock, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request};
@@ -24,7 +24,6 @@ use crate::service::change::{
     change, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
     reclaim_if_due, release_key,
 };
-use crate::service::effects;
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::longholds;
@@ -32,6 +31,7 @@ use crate::service::multi::{macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
+use crate::service::{audit, effects};
 
 /// Declares a unit type per command whose `Command::run` is the given handler, and for the
 /// commands that carry a token, what a failed call redacts (`Command::secret_on_error`).
@@ -274,16 +274,26 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let (changed, freed) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
+            let ending: Vec<(u64, Grant)> = stored
+                .lock()
+                .live_holders(now)
+                .map(|(fence, holder)| (fence, (*holder.grant).clone()))
+                .collect();
             let mut held = false;
+            let mut delay_ended = false;
             // The operator's escape hatch also ends a running lock-delay.
             let changed = change(ctx, key_name, stored, now, |lock| {
                 held = lock.force_release(now);
-                let delay_ended = lock.clear_delay(now);
+                delay_ended = lock.clear_delay(now);
                 (held || delay_ended).then_some(Event::ForceRelease)
             });
+            audit::force_released(ctx, key_name.as_slice(), &ending, delay_ended, now);
             (changed.is_some(), held)
         }
-        None => (false, false),
+        None => {
+            audit::force_released(ctx, key_name.as_slice(), &[], false, now);
+            (false, false)
+        }
     };
     if changed {
         // Counted as replicas count the replicated change: a hold freed or a lock-delay ended.

@@ -17,10 +17,11 @@
 //! - `holds`: the ages of holds, long holds and their log (LOCK.LONGHOLDS);
 //! - `leases`: the lease index and its timer;
 //! - `value`: the value behind a lock key and its data type;
-//! - `safety`: configurations that endanger locks.
+//! - `safety`: configurations that endanger locks; `audit`: the audit log.
 
 pub mod acks;
 pub mod args;
+pub mod audit;
 pub mod change;
 pub mod commands;
 pub mod deferred;

@@ -728,6 +728,15 @@ impl Identity {
         self.product == Product::Valkey && self.version >= (9, 0, 0)
     }
 
+    /// A module's command filter learns the client of each command
+    /// (RedisModule_CommandFilterGetClientId: Redis 7.2+, Valkey), so CONFIG changes name it.
+    pub fn filter_knows_the_client(&self) -> bool {
+        match self.product {
+            Product::Redis => self.version >= (7, 2, 0),
+            Product::Valkey => true,
+        }
+    }
+
     /// The server has COMMANDLOG (Valkey 8.1+), beside SLOWLOG.
     pub fn commandlog(&self) -> bool {
         self.product == Product::Valkey && self.version >= (8, 1, 0)
