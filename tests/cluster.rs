@@ -155,8 +155,18 @@ fn slot_migration_carries_held_free_and_session_locks_intact() {
     );
     let held_fence = acquire(&mut c, held, "holder", 1_500);
     let mut owner = cluster.nodes[from].conn();
+    owner.call(&["CLIENT", "SETNAME", "mover"]);
+    let owner_id = owner.call(&["CLIENT", "ID"]).int();
     let session_fence = owner
-        .call(&["LOCK.ACQUIRE", session, "s", "60000", "SESSION"])
+        .call(&[
+            "LOCK.ACQUIRE",
+            session,
+            "s",
+            "60000",
+            "SESSION",
+            "LABEL",
+            "pod-3",
+        ])
         .int();
     let mut events = cluster.nodes[to].conn();
     let channel = format!("__keyspace@0__:{held}");
@@ -182,6 +192,23 @@ fn slot_migration_carries_held_free_and_session_locks_intact() {
     assert_eq!(fence_of(&mut t, free), ahead as i64);
     assert_eq!(fence_of(&mut t, session), session_fence);
     assert_eq!(lock_field(&mut t, session, "session"), Reply::Int(1));
+    // Who was granted it travels with it; its connection is on the old node, not here.
+    let who = t.call(&["LOCK.WHO", session]);
+    let value_of = |pairs: &Reply, name: &str| -> Reply {
+        let items = pairs.items();
+        let at = items.iter().step_by(2).position(|f| f.text() == name);
+        items[at.expect(name) * 2 + 1].clone()
+    };
+    let holder = value_of(&who, "holders").items()[0].clone();
+    let field = |name: &str| match value_of(&holder, name) {
+        Reply::Int(n) => n.to_string(),
+        other => other.text(),
+    };
+    assert_eq!(field("client_id"), owner_id.to_string());
+    assert_eq!(field("client_name"), "mover");
+    assert_eq!(field("label"), "pod-3");
+    assert_eq!(field("connected"), "0");
+    assert!(field("held_ms").parse::<i64>().unwrap() >= 0);
     // The target's floor: a key it served all along gets a fence above the one that arrived.
     let resident = key_on(&cluster, to, "resident");
     assert!(acquire(&mut t, &resident, "t", 60_000) > ahead as i64);
