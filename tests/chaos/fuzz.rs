@@ -209,6 +209,9 @@ fn fuzzed_commands_and_corrupted_restores_leave_the_server_up() {
         ("lock.max-ttl", "50"),
         ("lock.max-waiters", "4"),
         ("lock.max-token-len", "64"),
+        // Holds of more than 20 ms are long holds: crossings, their log and its bound run too.
+        ("lock.long-hold", "20"),
+        ("lock.long-hold-log-len", "5"),
     ] {
         assert_eq!(c.call(&["CONFIG", "SET", name, value]), Reply::status("OK"));
     }

@@ -17,6 +17,8 @@ const NAMES: &[&str] = &[
     "LOCK.MRELEASE",
     "LOCK.APPLY",
     "LOCK.FLOOR",
+    "LOCK.WHO",
+    "LOCK.LONGHOLDS",
     "lock.acquire",
     "Lock.Release",
     "lock.renew",
@@ -92,6 +94,13 @@ const WORDS: &[&str] = &[
     "sync",
     "expired",
     "drophold",
+    "LABEL",
+    "label",
+    "COUNT",
+    "CLIENT",
+    "GET",
+    "LEN",
+    "RESET",
 ];
 
 fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
@@ -159,6 +168,9 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
             if rng.chance(20) {
                 w.push("SESSION".into());
             }
+            if rng.chance(20) {
+                w.extend(["LABEL".into(), format!("fz-{}", rng.below(3))]);
+            }
             // Shared holds and permits on the same keys as exclusive ones: refusals included.
             match rng.below(10) {
                 0 | 1 => w.push("SHARED".into()),
@@ -174,7 +186,23 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
             vec!["LOCK.FENCE".into(), key, fence]
         }
         5 => vec!["LOCK.WAIT".into(), key, rng.range(1, 5).to_string()],
-        6 => vec!["LOCK.INFO".into(), key],
+        6 => match rng.below(4) {
+            0 => vec!["LOCK.INFO".into(), key],
+            1 => vec!["LOCK.WHO".into(), key],
+            2 => vec![
+                "LOCK.WHO".into(),
+                key,
+                "COUNT".into(),
+                rng.range(1, 3).to_string(),
+                "CLIENT".into(),
+                rng.range(1, 20).to_string(),
+            ],
+            _ => vec![
+                "LOCK.LONGHOLDS".into(),
+                "GET".into(),
+                rng.range(0, 3).to_string(),
+            ],
+        },
         7 => {
             // Writes only to fz:g* keys (the fuzzer checks the others stay as they were); the
             // rest are reads and commands LOCK.GUARD refuses.
@@ -238,7 +266,7 @@ pub fn fuzz_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
                     }
                     3 => {
                         let word = rng
-                            .pick(&["WAIT", "REENTRANT", "SESSION", "SHARED", "LIMIT"])
+                            .pick(&["WAIT", "REENTRANT", "SESSION", "SHARED", "LIMIT", "LABEL"])
                             .as_bytes()
                             .to_vec();
                         cmd.insert(i.min(cmd.len()), word);
