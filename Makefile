@@ -231,6 +231,27 @@ soak-ci: ## The soak test at CI scale (about 2 minutes)
 prometheus-test: debug ## contrib/prometheus end to end: Redis, redis_exporter and Prometheus (about 10 s)
 	REDIS_SERVER="$(REDIS_SERVER)" tests/prometheus/run
 
+# Upgrades (tests/upgrade.rs): the previous release, built from its commit in this clone's history
+# into .cache/previous/ (once; about a minute), writes RDB and AOF files and feeds replicas that
+# this build must read and follow, and a replica of the previous release is shown what it does
+# with what this build sends. A clone without that commit (a shallow one) skips with a warning.
+PREVIOUS_RELEASE ?= eca5381
+PREVIOUS_DIR     := $(CURDIR)/.cache/previous/$(PREVIOUS_RELEASE)
+PREVIOUS_MODULE  := $(PREVIOUS_DIR)/libredis_lock.$(LIB_EXT)
+.PHONY: test-upgrade
+test-upgrade: debug ## Upgrade paths from the previous release (PREVIOUS_RELEASE): files, replicas
+	@if ! git cat-file -e "$(PREVIOUS_RELEASE)^{commit}" 2>/dev/null; then \
+		echo "test-upgrade: WARNING: commit $(PREVIOUS_RELEASE) is not in this clone; skipped"; exit 0; fi; \
+	if [ ! -f "$(PREVIOUS_MODULE)" ]; then \
+		echo "test-upgrade: building the previous release ($(PREVIOUS_RELEASE)) into $(PREVIOUS_DIR)"; \
+		rm -rf "$(PREVIOUS_DIR)/src" && mkdir -p "$(PREVIOUS_DIR)/src" && \
+		git archive "$(PREVIOUS_RELEASE)" | tar -x -C "$(PREVIOUS_DIR)/src" && \
+		$(CARGO) build --quiet --manifest-path "$(PREVIOUS_DIR)/src/Cargo.toml" \
+			--target-dir "$(CURDIR)/.cache/previous/target" && \
+		cp "$(CURDIR)/.cache/previous/target/debug/libredis_lock.$(LIB_EXT)" "$(PREVIOUS_MODULE)" || exit 1; \
+	fi; \
+	LOCK_PREVIOUS_MODULE="$(PREVIOUS_MODULE)" $(CARGO) test --test upgrade -- --ignored
+
 # A local Redis Cluster for trying the module out (.ci/cluster): 6 nodes on PORTS (3 primaries,
 # 3 replicas; bus ports +10000), every node with the release module and AOF on, data in
 # ./data/cluster. A second `make cluster` restarts the same cluster; rm -rf data/cluster starts

@@ -63,6 +63,8 @@ pub struct Config {
     /// Arguments after the module path.
     pub module_args: Vec<String>,
     pub load_module: bool,
+    /// The module to load instead of [`module_path`] (another build: tests/upgrade.rs).
+    pub module: Option<PathBuf>,
     /// A Redis Cluster node: cluster mode on, with a cluster bus port of its own.
     pub cluster: bool,
 }
@@ -79,6 +81,7 @@ impl Default for Config {
             ],
             module_args: Vec::new(),
             load_module: true,
+            module: None,
             cluster: false,
         }
     }
@@ -154,7 +157,8 @@ impl Server {
                 cmd.arg("--cluster-port").arg(self.bus_port.to_string());
             }
             if self.config.load_module {
-                cmd.arg("--loadmodule").arg(module_path());
+                let module = self.config.module.clone().unwrap_or_else(module_path);
+                cmd.arg("--loadmodule").arg(module);
                 cmd.args(&self.config.module_args);
             }
             cmd.stdin(Stdio::null())
@@ -227,6 +231,13 @@ impl Server {
     /// False once the server was killed or shut down (and not restarted).
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// True when the server process ended by itself (it aborted, say).
+    pub fn has_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
     }
 
     pub fn pid(&self) -> u32 {
