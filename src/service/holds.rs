@@ -198,7 +198,7 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 ),
                 (
                     "tag",
-                    Nested::Value(RedisValue::SimpleString(tag_text(entry.tag))),
+                    Nested::Value(RedisValue::StringBuffer(tag_text(entry.tag).into_bytes())),
                 ),
                 ("db", int(u64::try_from(entry.db).unwrap_or(0))),
                 (
