@@ -7,17 +7,6 @@ use common::*;
 
 const TOKEN: &str = "tok-audit-5ecr3t-91c2";
 
-/// `addr=` and the id of this connection.
-fn me(c: &mut Conn) -> (String, i64) {
-    let info = c.call(&["CLIENT", "INFO"]).text();
-    let addr = info
-        .split(' ')
-        .find_map(|f| f.strip_prefix("addr="))
-        .unwrap()
-        .to_string();
-    (addr, c.call(&["CLIENT", "ID"]).int())
-}
-
 /// The log's `lock audit:` lines, waited for until one contains `needle`.
 fn audit_line(server: &Server, needle: &str) -> String {
     wait_for(needle, || {
@@ -35,11 +24,11 @@ fn force_release_is_logged_with_the_operator_the_holder_and_the_key() {
     let server = Server::start();
     let mut app = server.conn();
     app.call(&["CLIENT", "SETNAME", "app-1"]);
-    let (app_addr, app_id) = me(&mut app);
+    let (app_addr, app_id) = client_addr_and_id(&mut app);
     let fence = acquire_with(&mut app, "orders:42", TOKEN, 60_000, &["LABEL", "host-7"]).int();
     let mut ops = server.conn();
     ops.call(&["CLIENT", "SETNAME", "oncall"]);
-    let (ops_addr, ops_id) = me(&mut ops);
+    let (ops_addr, ops_id) = client_addr_and_id(&mut ops);
     assert_eq!(ops.call(&["LOCK.FORCERELEASE", "orders:42"]), Reply::Int(1));
     let line = audit_line(&server, "LOCK.FORCERELEASE 'orders:42'");
     let expected = format!(
@@ -67,7 +56,7 @@ fn config_changes_of_lock_settings_are_logged_with_who_made_them() {
     let server = Server::start();
     let mut ops = server.conn();
     ops.call(&["CLIENT", "SETNAME", "tuner"]);
-    let (addr, id) = me(&mut ops);
+    let (addr, id) = client_addr_and_id(&mut ops);
     assert_eq!(
         ops.call(&["CONFIG", "SET", "lock.long-hold", "2500"]),
         Reply::status("OK")
@@ -119,7 +108,7 @@ fn config_changes_of_lock_settings_are_logged_with_who_made_them() {
 fn a_sync_take_back_is_logged_with_the_grant_it_undid() {
     let server = Server::start();
     let mut c = server.conn();
-    let (addr, id) = me(&mut c);
+    let (addr, id) = client_addr_and_id(&mut c);
     let reply = c.call(&[
         "LOCK.ACQUIRE",
         "k",

@@ -164,6 +164,15 @@ fn crowd_server(dir: &Path) -> (Server, PathBuf, usize) {
     (server, socket, size)
 }
 
+/// Waits, bounded, until the whole crowd of `size` is blocked.
+fn wait_crowd_blocked(server: &Server, size: usize) {
+    let started = Instant::now();
+    while blocked(server) < size as i64 {
+        assert!(started.elapsed() < CROWD_PATIENCE, "the crowd to block");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Waits, bounded, until no client is blocked.
 fn wait_unblocked(server: &Server) {
     let started = Instant::now();
@@ -208,11 +217,7 @@ fn measure(
     end: impl FnOnce(&mut Crowd),
 ) -> Measure {
     let mut crowd = Crowd::gather(socket, size, command);
-    let started = Instant::now();
-    while blocked(server) < size as i64 {
-        assert!(started.elapsed() < CROWD_PATIENCE, "the crowd to block");
-        thread::sleep(Duration::from_millis(10));
-    }
+    wait_crowd_blocked(server, size);
     let pinger = Pinger::start(server);
     let started = Instant::now();
     end(&mut crowd);
@@ -295,11 +300,7 @@ fn who_lists_a_crowd_of_waiters_bounded_by_count() {
     let mut c = server.conn();
     acquire(&mut c, "k", "holder", 600_000);
     let mut crowd = Crowd::gather(&socket, size, "LOCK.ACQUIRE k t{i} 1000 WAIT 0 LABEL w{i}");
-    let started = Instant::now();
-    while blocked(&server) < size as i64 {
-        assert!(started.elapsed() < CROWD_PATIENCE, "the crowd to block");
-        thread::sleep(Duration::from_millis(10));
-    }
+    wait_crowd_blocked(&server, size);
     let field = |reply: &Reply, name: &str| -> Reply {
         let items = reply.items();
         let at = items.iter().step_by(2).position(|f| f.text() == name);

@@ -4,7 +4,8 @@
 //! The load covers the command surface: exclusive, shared and permit acquires with and without
 //! WAIT, SESSION, REENTRANT, LOCKDELAY and SYNC (with the replica sometimes held back), renewals,
 //! releases and leases left to expire, LOCK.MACQUIRE / MRELEASE, LOCK.GUARD, LOCK.WAIT, clients
-//! that disconnect while holding or waiting, and "other" clients that delete, overwrite, rename,
+//! that disconnect while holding or waiting, LABEL, LOCK.WHO and LOCK.LONGHOLDS with long holds
+//! crossing `lock.long-hold`, and "other" clients that delete, overwrite, rename,
 //! move, copy, restore and flush lock keys, or take a lock for a long lease and DEL it.
 //!
 //! Every few seconds a sample of the primary: used_memory, RSS, lock_keys against the keyspace,
@@ -235,6 +236,9 @@ fn exclusive_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
         if w.rng.chance(10) {
             args.extend(strings(&["LOCKDELAY", &w.rng.range(20, 200).to_string()]));
         }
+        if w.rng.chance(30) {
+            args.extend(strings(&["LABEL", &format!("soak-{}", w.rng.below(100))]));
+        }
         let sync = w.rng.chance(10);
         if sync {
             args.extend(strings(&["SYNC", "1", "300"]));
@@ -282,6 +286,13 @@ fn shared_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
             let wait = w.rng.range(10, 500);
             let args = strings(&["LOCK.WAIT", &key, &wait.to_string()]);
             w.call(&args, Some(wait))?;
+            continue;
+        }
+        // Operators looking: who holds and waits, and the long-hold log.
+        if w.rng.chance(3) {
+            let count = w.rng.range(1, 20).to_string();
+            w.call(&strings(&["LOCK.WHO", &key, "COUNT", &count]), None)?;
+            w.call(&strings(&["LOCK.LONGHOLDS", "GET", "5"]), None)?;
             continue;
         }
         let ttl = w.rng.range(100, 2_000).to_string();
@@ -713,6 +724,11 @@ fn soak_config() -> Config {
         .with("repl-backlog-size", "1mb")
         .module_arg("tombstone-ttl")
         .module_arg("2000")
+        // Holds longer than a second are long holds: crossings, endings and a bounded log.
+        .module_arg("long-hold")
+        .module_arg("1000")
+        .module_arg("long-hold-log-len")
+        .module_arg("64")
 }
 
 /// Waits (bounded) until `check` holds, re-reading; the last values on failure.

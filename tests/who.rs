@@ -7,38 +7,15 @@ use std::collections::BTreeMap;
 
 use common::*;
 
-/// A flat field/value array (RESP2) or a map (RESP3) as a map.
-fn map_of(reply: &Reply) -> BTreeMap<String, Reply> {
-    match reply {
-        Reply::Map(pairs) => pairs.iter().map(|(k, v)| (k.text(), v.clone())).collect(),
-        other => other
-            .items()
-            .chunks(2)
-            .map(|pair| (pair[0].text(), pair[1].clone()))
-            .collect(),
-    }
-}
-
 fn who(c: &mut Conn, args: &[&str]) -> BTreeMap<String, Reply> {
     let mut call = vec!["LOCK.WHO"];
     call.extend_from_slice(args);
     let reply = c.call(&call);
-    map_of(&reply)
+    fields_map(&reply)
 }
 
 fn entries(who: &BTreeMap<String, Reply>, list: &str) -> Vec<BTreeMap<String, Reply>> {
-    who[list].items().iter().map(map_of).collect()
-}
-
-/// `addr=` of `CLIENT INFO` on this connection, and its id.
-fn me(c: &mut Conn) -> (String, i64) {
-    let info = c.call(&["CLIENT", "INFO"]).text();
-    let addr = info
-        .split(' ')
-        .find_map(|f| f.strip_prefix("addr="))
-        .unwrap()
-        .to_string();
-    (addr, c.call(&["CLIENT", "ID"]).int())
+    who[list].items().iter().map(fields_map).collect()
 }
 
 const TOKEN: &str = "tok-who-5ecr3t";
@@ -51,7 +28,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
         holder.call(&["CLIENT", "SETNAME", "billing-worker"]),
         Reply::status("OK")
     );
-    let (addr, id) = me(&mut holder);
+    let (addr, id) = client_addr_and_id(&mut holder);
     let fence = acquire_with(
         &mut holder,
         "orders:42",
@@ -63,7 +40,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
     let mut op = server.conn();
     let raw = op.call(&["LOCK.WHO", "orders:42"]);
     assert!(!format!("{raw:?}").contains(TOKEN), "{raw:?}");
-    let view = map_of(&raw);
+    let view = fields_map(&raw);
     assert_eq!(view["state"].text(), "held");
     assert_eq!(view["mode"].text(), "exclusive");
     assert_eq!(view["fence"], Reply::Int(fence));
@@ -91,7 +68,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
     // A refresh from another connection without a label: the new connection, the same label
     // and grant time.
     let mut retry = server.conn();
-    let (retry_addr, retry_id) = me(&mut retry);
+    let (retry_addr, retry_id) = client_addr_and_id(&mut retry);
     assert_eq!(
         acquire_with(&mut retry, "orders:42", TOKEN, 60_000, &[]),
         Reply::Int(fence)
@@ -122,7 +99,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
     let Reply::Map(_) = &reply else {
         panic!("{reply:?}")
     };
-    let holders = map_of(&reply)["holders"].clone();
+    let holders = fields_map(&reply)["holders"].clone();
     assert!(matches!(&holders.items()[0], Reply::Map(_)), "{holders:?}");
 }
 
@@ -143,7 +120,7 @@ fn who_lists_waiters_in_queue_order_bounded_by_count_and_a_client_finds_its_plac
     {
         let mut c = server.conn();
         c.call(&["CLIENT", "SETNAME", &format!("waiter-{i}")]);
-        let (addr, id) = me(&mut c);
+        let (addr, id) = client_addr_and_id(&mut c);
         let token = format!("{TOKEN}-{i}");
         let mut call = vec!["LOCK.ACQUIRE", "q", &token, "1000"];
         call.extend_from_slice(extra);
@@ -154,7 +131,7 @@ fn who_lists_waiters_in_queue_order_bounded_by_count_and_a_client_finds_its_plac
     }
     // A multi-lock waiter shows on both its keys.
     let mut multi = server.conn();
-    let (_, multi_id) = me(&mut multi);
+    let (_, multi_id) = client_addr_and_id(&mut multi);
     multi.send(&[
         "LOCK.MACQUIRE",
         "2",
@@ -334,14 +311,14 @@ fn who_works_in_multi_and_scripts_and_a_replica_shows_the_same_holder() {
     replica.replicate_from(&primary);
     let mut c = primary.conn();
     c.call(&["CLIENT", "SETNAME", "app"]);
-    let (addr, id) = me(&mut c);
+    let (addr, id) = client_addr_and_id(&mut c);
     let fence = acquire_with(&mut c, "k", TOKEN, 60_000, &["LABEL", "svc-1"]).int();
     assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
     assert_eq!(c.call(&["LOCK.WHO", "k"]), Reply::status("QUEUED"));
     let exec = c.call(&["EXEC"]);
-    assert_eq!(map_of(&exec.items()[0])["fence"], Reply::Int(fence));
+    assert_eq!(fields_map(&exec.items()[0])["fence"], Reply::Int(fence));
     let script = c.call(&["EVAL", "return redis.call('LOCK.WHO', KEYS[1])", "1", "k"]);
-    assert_eq!(map_of(&script)["holders_total"], Reply::Int(1));
+    assert_eq!(fields_map(&script)["holders_total"], Reply::Int(1));
 
     wait_replica_caught_up(&primary, &replica);
     let mut r = replica.conn();
@@ -369,7 +346,7 @@ fn who_holds_survives_debug_reload_restart_and_restore_and_an_older_encoding_loa
     );
     let mut c = server.conn();
     c.call(&["CLIENT", "SETNAME", "keeper"]);
-    let (addr, id) = me(&mut c);
+    let (addr, id) = client_addr_and_id(&mut c);
     let fence = acquire_with(&mut c, "k", TOKEN, 600_000, &["LABEL", "keep-me"]).int();
     acquire(&mut c, "unlabelled", "t", 600_000);
     let check = |c: &mut Conn, what: &str| {
@@ -432,7 +409,7 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
     let mut sub = subscribe_keyspace(&server, "slow");
     let mut c = server.conn();
     c.call(&["CLIENT", "SETNAME", "slowpoke"]);
-    let (addr, id) = me(&mut c);
+    let (addr, id) = client_addr_and_id(&mut c);
     assert_eq!(server.info_int("lock_long_hold_ms"), 300);
     assert_eq!(server.info_int("lock_oldest_hold_ms"), 0);
     let fence = acquire_with(&mut c, "slow", TOKEN, 60_000, &["LABEL", "batch-9"]).int();
@@ -445,7 +422,7 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
     assert_eq!(tag, who(&mut c, &["slow"])["tag"].text());
     assert_eq!(c.call(&["LOCK.LONGHOLDS", "LEN"]), Reply::Int(1));
     let log = c.call(&["LOCK.LONGHOLDS", "GET"]);
-    let entry = map_of(&log.items()[0]);
+    let entry = fields_map(&log.items()[0]);
     assert_eq!(entry["id"], Reply::Int(0));
     assert_eq!(entry["key"].text(), "slow");
     assert_eq!(entry["tag"].text(), tag);
@@ -473,13 +450,13 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
     assert_eq!(c.call(&["LOCK.RELEASE", "slow", TOKEN]), Reply::Int(1));
     assert_eq!(next_event(&mut sub), "lock.release");
     assert_eq!(server.info_int("lock_long_holds"), 1);
-    let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET"]).items()[0]);
+    let entry = fields_map(&c.call(&["LOCK.LONGHOLDS", "GET"]).items()[0]);
     assert_eq!(entry["ended"].text(), "released");
     let held = entry["held_ms"].int();
     assert!(held >= 700, "{held}");
     // Ended: the time stays.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
+    let entry = fields_map(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
     assert_eq!(entry["held_ms"], Reply::Int(held));
     assert_eq!(server.info_int("lock_oldest_hold_ms"), 0);
     assert_eq!(
@@ -493,7 +470,7 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
         acquire(&mut c, key, TOKEN, ttl);
         wait_for("the long hold", || {
             (c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items().first())
-                .map(map_of)
+                .map(fields_map)
                 .filter(|e| e["key"].text() == key)
         });
         match end {
@@ -502,7 +479,7 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
             _ => {}
         }
         wait_for(end, || {
-            let entry = map_of(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
+            let entry = fields_map(&c.call(&["LOCK.LONGHOLDS", "GET", "1"]).items()[0]);
             (entry["ended"].text() == end).then_some(())
         });
     }
@@ -550,7 +527,7 @@ fn shared_holders_cross_the_threshold_each_once() {
     });
     assert_eq!(c.call(&["LOCK.RELEASE", "s", "reader-1"]), Reply::Int(1));
     let log = c.call(&["LOCK.LONGHOLDS", "GET"]);
-    let entries: Vec<_> = log.items().iter().map(map_of).collect();
+    let entries: Vec<_> = log.items().iter().map(fields_map).collect();
     assert_eq!(entries[0]["label"].text(), "r2");
     assert_eq!(entries[0]["ended"].text(), "held");
     assert_eq!(entries[1]["label"].text(), "r1");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use redis_module::{raw, Context};
 
 use crate::host::guarded;
-use crate::host::server::{connection_of, user_of};
+use crate::host::server::{live_connection_of, user_of};
 
 /// The client of the CONFIG command running now (0: none, or unknown).
 static CONFIG_CLIENT: AtomicU64 = AtomicU64::new(0);
@@ -88,7 +88,7 @@ pub fn config_caller() -> Option<String> {
 
 /// `id=.. name=.. addr=.. user=..` of a connected client, for the audit log.
 pub fn describe_client(ctx: &Context, client: u64) -> String {
-    let connection = connection_of(ctx, client);
+    let connection = live_connection_of(ctx, client);
     let mut parts = connection.splitn(2, |b| *b == b' ');
     let addr = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
     let name = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();

@@ -7,11 +7,15 @@ use redis_module::Context;
 
 use crate::host::{guarded, ERR};
 
-/// What the section shows: text fields, then integer fields, without the `lock_` prefix Redis
-/// adds.
+/// What the section shows, without the `lock_` prefix Redis adds: text fields first, then
+/// integer fields.
+pub struct Fields {
+    pub texts: Vec<(&'static str, String)>,
+    pub numbers: Vec<(String, i64)>,
+}
+
 pub trait Section {
-    fn text_fields() -> Vec<(&'static str, String)>;
-    fn fields() -> Vec<(String, i64)>;
+    fn fields() -> Fields;
 }
 
 pub fn register<S: Section>(ctx: &Context) -> Result<(), String> {
@@ -40,13 +44,14 @@ extern "C" fn info<S: Section>(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
         };
         // SAFETY: a valid info context and a NUL-terminated (empty: the module's) section name.
         unsafe { section(ctx, c"".as_ptr()) };
-        for (name, value) in S::text_fields() {
+        let fields = S::fields();
+        for (name, value) in fields.texts {
             if let (Ok(name), Ok(value)) = (CString::new(name), CString::new(value)) {
                 // SAFETY: a valid info context and NUL-terminated name and value.
                 unsafe { text_field(ctx, name.as_ptr(), value.as_ptr()) };
             }
         }
-        for (name, value) in S::fields() {
+        for (name, value) in fields.numbers {
             if let Ok(name) = CString::new(name) {
                 // SAFETY: a valid info context and a NUL-terminated field name.
                 unsafe { field(ctx, name.as_ptr(), value) };

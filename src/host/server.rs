@@ -1,7 +1,9 @@
 //! The server around a call: the clock, the selected database, the calling client and the
 //! context's flags.
 
+use std::collections::HashMap;
 use std::ffi::CStr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use redis_module::{raw, Context, ContextFlags, RedisString};
 
@@ -176,41 +178,41 @@ pub fn avoid_replica_traffic() -> bool {
     unsafe { raw::RedisModule_AvoidReplicaTraffic.is_some_and(|f| f() != 0) }
 }
 
-/// Copies a string the server handed over and frees it (once; null: empty).
+/// Appends the bytes of a string the server handed over to `out` (those `keep` accepts), and
+/// frees the string (once; null: nothing).
 ///
 /// # Safety
 /// `string` is null or a live string created for `ctx` that nothing else frees.
-unsafe fn take_string(ctx: &Context, string: *mut raw::RedisModuleString) -> Vec<u8> {
+unsafe fn append_string(
+    ctx: &Context,
+    string: *mut raw::RedisModuleString,
+    out: &mut Vec<u8>,
+    keep: impl Fn(u8) -> bool,
+) {
     if string.is_null() {
-        return Vec::new();
+        return;
     }
     let mut len = 0;
     // SAFETY: `string` is live (the caller's promise); its bytes are copied before it is freed,
     // exactly once, here.
     unsafe {
-        let bytes = match raw::RedisModule_StringPtrLen {
-            Some(ptr_len) => {
-                let data = ptr_len(string, &mut len);
-                if data.is_null() {
-                    Vec::new()
-                } else {
-                    std::slice::from_raw_parts(data.cast::<u8>(), len).to_vec()
-                }
+        if let Some(ptr_len) = raw::RedisModule_StringPtrLen {
+            let data = ptr_len(string, &mut len);
+            if !data.is_null() {
+                let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
+                out.extend(bytes.iter().copied().filter(|b| keep(*b)));
             }
-            None => Vec::new(),
-        };
+        }
         if let Some(free) = raw::RedisModule_FreeString {
             free(ctx.ctx, string);
         }
-        bytes
     }
 }
 
-/// What operators see of a connected client: `addr name`, its address (`ip:port`, or the unix
-/// socket's path) and its name (empty when none), separated by one space; empty when no such
-/// client is connected (a fake client: AOF loading, the primary's link sees its own). A space
-/// inside an address becomes `_`, so the two parts stay apart.
-pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
+/// The address of a connected client as operators see it (`ip:port`, or the unix socket's
+/// path; a space becomes `_`), asked of the server (a system call); `None` when no such client
+/// is connected (or it is a fake one: AOF loading, the primary's link sees its own).
+fn client_addr(client: u64) -> Option<Box<[u8]>> {
     let mut info = raw::RedisModuleClientInfo {
         version: 1,
         flags: 0,
@@ -229,7 +231,7 @@ pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
         })
     };
     if client == 0 || !found {
-        return Vec::new();
+        return None;
     }
     let addr_len = info
         .addr
@@ -246,48 +248,85 @@ pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
     if info.flags & u64::from(raw::REDISMODULE_CLIENTINFO_FLAG_UNIXSOCKET) == 0 {
         text.extend_from_slice(format!(":{}", info.port).as_bytes());
     }
-    text.push(b' ');
+    Some(text.into())
+}
+
+/// Addresses of connected clients already asked for (a client's address never changes): a
+/// grant records its client's address without a system call each time. Entries leave when
+/// their client disconnects ([`forget_client`]); the map is emptied should it ever grow past
+/// [`ADDRS_MAX`] (a missed disconnect).
+static ADDRS: Mutex<Option<HashMap<u64, Box<[u8]>>>> = Mutex::new(None);
+const ADDRS_MAX: usize = 100_000;
+
+fn addrs() -> MutexGuard<'static, Option<HashMap<u64, Box<[u8]>>>> {
+    ADDRS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Client `client` disconnected: its address leaves the cache.
+pub fn forget_client(client: u64) {
+    if let Some(addrs) = addrs().as_mut() {
+        addrs.remove(&client);
+    }
+}
+
+/// Appends `addr name` to `out`: the address, a space, the client's current name (empty when
+/// it has none) without spaces.
+fn append_connection(ctx: &Context, client: u64, addr: &[u8], out: &mut Vec<u8>) {
+    out.reserve(addr.len() + 1 + 16);
+    out.extend_from_slice(addr);
+    out.push(b' ');
     // SAFETY: a valid context; the name (null when the client has none, or the server lacks the
     // call) is copied and freed once.
-    let name = unsafe {
-        match raw::RedisModule_GetClientNameById {
-            Some(get) => take_string(ctx, get(ctx.ctx, client)),
-            None => Vec::new(),
+    unsafe {
+        if let Some(get) = raw::RedisModule_GetClientNameById {
+            append_string(ctx, get(ctx.ctx, client), out, |b| b != b' ');
         }
-    };
-    text.extend(name.into_iter().filter(|b| *b != b' '));
+    }
+}
+
+/// What a grant records of the client it is made to: `addr name`, its address (cached, see
+/// [`ADDRS`]) and its current name; empty when no such client is connected.
+pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
+    if client == 0 {
+        return Vec::new();
+    }
+    let mut addrs = addrs();
+    let addrs = addrs.get_or_insert_with(HashMap::new);
+    if !addrs.contains_key(&client) {
+        let Some(addr) = client_addr(client) else {
+            return Vec::new();
+        };
+        if addrs.len() >= ADDRS_MAX {
+            addrs.clear();
+        }
+        addrs.insert(client, addr);
+    }
+    let mut text = Vec::new();
+    if let Some(addr) = addrs.get(&client) {
+        append_connection(ctx, client, addr, &mut text);
+    }
+    text
+}
+
+/// `addr name` of a client connected now, asked of the server (no cache): what LOCK.WHO shows
+/// of waiters, and how it tells whether a holder's connection is still there. Empty when no
+/// such client is connected.
+pub fn live_connection_of(ctx: &Context, client: u64) -> Vec<u8> {
+    let mut text = Vec::new();
+    if let Some(addr) = client_addr(client) {
+        append_connection(ctx, client, &addr, &mut text);
+    }
     text
 }
 
 /// The ACL user of a connected client (empty when unknown), for the audit log.
 pub fn user_of(ctx: &Context, client: u64) -> Vec<u8> {
+    let mut user = Vec::new();
     // SAFETY: a valid context; the name is copied and freed once.
     unsafe {
-        match raw::RedisModule_GetClientUserNameById {
-            Some(get) => take_string(ctx, get(ctx.ctx, client)),
-            None => Vec::new(),
+        if let Some(get) = raw::RedisModule_GetClientUserNameById {
+            append_string(ctx, get(ctx.ctx, client), &mut user, |_| true);
         }
     }
-}
-
-/// True when a client with this id is connected now.
-pub fn is_connected(client: u64) -> bool {
-    let mut info = raw::RedisModuleClientInfo {
-        version: 1,
-        flags: 0,
-        id: 0,
-        addr: [0; 46],
-        port: 0,
-        db: 0,
-    };
-    // SAFETY: a version-1 structure, which the server fills in; the pointer lives for the call.
-    client != 0
-        && unsafe {
-            raw::RedisModule_GetClientInfoById.is_some_and(|get| {
-                get(
-                    std::ptr::addr_of_mut!(info).cast::<std::ffi::c_void>(),
-                    client,
-                ) == OK
-            })
-        }
+    user
 }

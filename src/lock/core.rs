@@ -89,11 +89,12 @@ impl Grant {
         if connection.is_empty() && label.is_empty() {
             return Box::default();
         }
+        // Exactly sized: the Vec becomes the box without another allocation.
         let mut who = Vec::with_capacity(connection.len() + 1 + label.len());
         who.extend_from_slice(connection);
         who.push(b' ');
         who.extend_from_slice(label);
-        who.into()
+        who.into_boxed_slice()
     }
 
     /// This grant taken by `request` (a refresh from perhaps another connection): the

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::error::LockError;
+use crate::lock::ages;
 use crate::lock::core;
 use crate::lock::KeyRef;
 use crate::metrics;
@@ -155,6 +156,9 @@ pub struct Queues<H> {
     /// answers them.
     woken: HashMap<u64, Ending>,
     next_id: u64,
+    /// Every queued waiter by id (the order it arrived in): when it began waiting and its
+    /// key's tag, so the oldest is the first entry.
+    ages: BTreeMap<u64, (Instant, u64)>,
 }
 
 impl<H> Default for Queues<H> {
@@ -163,6 +167,7 @@ impl<H> Default for Queues<H> {
             dbs: HashMap::new(),
             woken: HashMap::new(),
             next_id: 1,
+            ages: BTreeMap::new(),
         }
     }
 }
@@ -218,6 +223,7 @@ impl<H> Queues<H> {
             .entry(key.clone())
             .or_insert_with(Queue::new);
         let id = waiter.id;
+        self.ages.insert(id, (waiter.since, ages::tag_of(*db, key)));
         match tag.watch {
             None => {
                 queue.acquirers.insert(id, Slot::Waiter(waiter));
@@ -248,6 +254,16 @@ impl<H> Queues<H> {
         metrics::WAITERS.add(1);
     }
 
+    /// The waiters in `left` are no longer queued.
+    fn left<'a>(&mut self, left: impl IntoIterator<Item = &'a Waiter<H>>)
+    where
+        H: 'a,
+    {
+        for waiter in left {
+            self.ages.remove(&waiter.id);
+        }
+    }
+
     /// Removes a waiter (timeout, disconnect, CLIENT UNBLOCK, freed). Returns it when it was
     /// still queued.
     pub fn remove(&mut self, tag: &Tag) -> Option<Waiter<H>> {
@@ -270,6 +286,7 @@ impl<H> Queues<H> {
                 Some(waiter)
             }
         })??;
+        self.ages.remove(&waiter.id);
         metrics::WAITERS.add(-1);
         Some(waiter)
     }
@@ -357,27 +374,10 @@ impl<H> Queues<H> {
         self.queue(db, key).map_or(0, |q| q.watcher_count)
     }
 
-    /// The oldest waiter of all (acquirer or watcher): when it began waiting, and its key (a
-    /// multi-lock waiter's first key). Looks at the first of each queue: O(keys with waiters).
-    pub fn oldest(&self) -> Option<(Instant, KeyRef)> {
-        let mut oldest: Option<(u64, Instant, KeyRef)> = None;
-        for (db, keys) in &self.dbs {
-            for (key, queue) in keys {
-                // The oldest waiter is first in its own queue (ids only grow): a queue that
-                // begins with a shadow has an older waiter elsewhere.
-                let first_acquirer = match queue.acquirers.first_key_value() {
-                    Some((_, Slot::Waiter(waiter))) => Some(waiter),
-                    _ => None,
-                };
-                let first_watcher = queue.watchers.values().filter_map(|w| w.values().next());
-                for waiter in first_acquirer.into_iter().chain(first_watcher) {
-                    if oldest.as_ref().is_none_or(|(id, _, _)| waiter.id < *id) {
-                        oldest = Some((waiter.id, waiter.since, (*db, key.clone())));
-                    }
-                }
-            }
-        }
-        oldest.map(|(_, since, key)| (since, key))
+    /// The oldest waiter of all (acquirer or watcher): when it began waiting, and its key's tag
+    /// (a multi-lock waiter's first key).
+    pub fn oldest(&self) -> Option<(Instant, u64)> {
+        self.ages.first_key_value().map(|(_, age)| *age)
     }
 
     /// The acquirers queued on `key`: (exclusive, shared or permit).
@@ -423,6 +423,7 @@ impl<H> Queues<H> {
                 woken
             })
             .unwrap_or_default();
+        self.left(&woken);
         metrics::WAITERS.add(-i64::try_from(woken.len()).unwrap_or(i64::MAX));
         woken
     }
@@ -472,6 +473,7 @@ impl<H> Queues<H> {
             }
         }
         all.extend(queue.watchers.into_values().flat_map(BTreeMap::into_values));
+        self.left(&all);
         metrics::WAITERS.add(-i64::try_from(all.len()).unwrap_or(i64::MAX));
         all
     }

@@ -4,7 +4,7 @@
 use redis_module::{Context, RedisString};
 
 use crate::host::events::{Listener, ServerEvent};
-use crate::host::server::{avoid_replica_traffic, selected_db};
+use crate::host::server::{avoid_replica_traffic, forget_client, selected_db};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::deferred::{self, Job};
@@ -50,6 +50,7 @@ impl Listener for Events {
             ServerEvent::ForkChildBorn => effects::record_floor(ctx),
             ServerEvent::ConfigChanged => deferred::defer(ctx, Job::CheckConfig),
             ServerEvent::ClientDisconnected(client) => {
+                forget_client(client);
                 if sessions::owns_any(client) {
                     deferred::defer(ctx, Job::SessionLost(client));
                 }

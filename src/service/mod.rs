@@ -39,8 +39,8 @@ pub mod waiters;
 pub mod who;
 
 use crate::config;
-use crate::host::info::Section;
-use crate::lock::ages::{tag_of, tag_text};
+use crate::host::info::{Fields, Section};
+use crate::lock::ages::tag_text;
 use crate::metrics;
 
 /// `INFO lock`: the version, the metrics with the ages of the oldest hold and wait, the
@@ -50,24 +50,18 @@ pub struct Info;
 /// The age of the oldest waiter in ms (0 when nobody waits) and its key's tag.
 fn oldest_wait() -> (u64, String) {
     match waiters::queues().oldest() {
-        Some((since, (db, key))) => (
+        Some((since, tag)) => (
             u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
-            tag_text(tag_of(db, &key)),
+            tag_text(tag),
         ),
         None => (0, String::new()),
     }
 }
 
 impl Section for Info {
-    fn text_fields() -> Vec<(&'static str, String)> {
-        vec![
-            ("version", crate::VERSION.to_string()),
-            ("oldest_hold_tag", holds::oldest().1),
-            ("oldest_wait_tag", oldest_wait().1),
-        ]
-    }
-
-    fn fields() -> Vec<(String, i64)> {
+    fn fields() -> Fields {
+        let (hold_age, hold_tag) = holds::oldest();
+        let (wait_age, wait_tag) = oldest_wait();
         let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         let mut fields: Vec<(String, i64)> = metrics::fields()
             .into_iter()
@@ -81,8 +75,8 @@ impl Section for Info {
             .map_or(0, |i| i + 1);
         let beside_gauges = [
             ("index_entries", n(leases::entries() as u64)),
-            ("oldest_hold_ms", n(holds::oldest().0)),
-            ("oldest_wait_ms", n(oldest_wait().0)),
+            ("oldest_hold_ms", n(hold_age)),
+            ("oldest_wait_ms", n(wait_age)),
             ("long_hold_ms", config::LONG_HOLD.get()),
         ];
         for (at, (name, value)) in beside_gauges.into_iter().enumerate() {
@@ -101,6 +95,13 @@ impl Section for Info {
             "warning_no_persistence".into(),
             i64::from(safety::no_persistence()),
         ));
-        fields
+        Fields {
+            texts: vec![
+                ("version", crate::VERSION.to_string()),
+                ("oldest_hold_tag", hold_tag),
+                ("oldest_wait_tag", wait_tag),
+            ],
+            numbers: fields,
+        }
     }
 }

@@ -6,7 +6,7 @@ use redis_module::{Context, RedisString, RedisValue};
 
 use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
-use crate::host::server::{connection_of, is_primary, now_ms};
+use crate::host::server::{is_primary, live_connection_of, now_ms};
 use crate::lock::ages::{tag_of, tag_text};
 use crate::lock::core::{Grant, Holder, Mode};
 use crate::lock::queues::{Kind, Waiter};
@@ -39,7 +39,7 @@ fn connected(ctx: &Context, grant: &Grant) -> i64 {
     if grant.client == 0 || !is_primary(ctx) {
         return -1;
     }
-    let now = connection_of(ctx, grant.client);
+    let now = live_connection_of(ctx, grant.client);
     let addr = now.split(|b| *b == b' ').next().unwrap_or_default();
     i64::from(!now.is_empty() && addr == grant.addr())
 }
@@ -86,7 +86,7 @@ fn waiter_entry<H>(ctx: &Context, position: usize, waiter: &Waiter<H>) -> Option
         Mode::Shared => ("shared", 0),
         Mode::Permit(limit) => ("permit", limit),
     };
-    let connection = connection_of(ctx, request.client);
+    let connection = live_connection_of(ctx, request.client);
     let mut parts = connection.splitn(2, |b| *b == b' ');
     let addr = parts.next().unwrap_or_default();
     let name = parts.next().unwrap_or_default();

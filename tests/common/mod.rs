@@ -811,6 +811,29 @@ pub fn queue_waiter(server: &Server, key: &str, token: &str, ttl: u64, timeout: 
     conn
 }
 
+/// A map reply (RESP3) or a flat field/value array (RESP2) as a map.
+pub fn fields_map(reply: &Reply) -> std::collections::BTreeMap<String, Reply> {
+    match reply {
+        Reply::Map(pairs) => pairs.iter().map(|(k, v)| (k.text(), v.clone())).collect(),
+        other => other
+            .items()
+            .chunks(2)
+            .map(|pair| (pair[0].text(), pair[1].clone()))
+            .collect(),
+    }
+}
+
+/// The address (`CLIENT INFO`'s `addr=`) and the id of this connection.
+pub fn client_addr_and_id(c: &mut Conn) -> (String, i64) {
+    let info = c.call(&["CLIENT", "INFO"]).text();
+    let addr = info
+        .split(' ')
+        .find_map(|f| f.strip_prefix("addr="))
+        .expect("addr= in CLIENT INFO")
+        .to_string();
+    (addr, c.call(&["CLIENT", "ID"]).int())
+}
+
 /// Reads a grant (the fence) from a waiting connection.
 pub fn granted(conn: &mut Conn) -> i64 {
     match conn.read() {

@@ -173,14 +173,7 @@ fn error_text(reply: &Reply) -> &str {
 
 /// A flat field/value array (RESP2) or a map (RESP3) as a map keyed by field name.
 fn fields_of(reply: &Reply) -> BTreeMap<String, Reply> {
-    match reply {
-        Reply::Map(pairs) => pairs.iter().map(|(k, v)| (k.text(), v.clone())).collect(),
-        other => other
-            .items()
-            .chunks(2)
-            .map(|pair| (pair[0].text(), pair[1].clone()))
-            .collect(),
-    }
+    fields_map(reply)
 }
 
 fn texts(reply: &Reply) -> Vec<String> {
