@@ -556,3 +556,44 @@ fn the_oldest_waiter_is_timed_in_info() {
         ""
     );
 }
+
+#[test]
+fn command_docs_key_specs_and_flags_of_who_and_longholds() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let docs = c.call(&["COMMAND", "DOCS", "lock.who"]);
+    let doc = fields_map(&docs.items()[1]);
+    assert_eq!(doc["since"].text(), "0.2.0");
+    assert_eq!(doc["group"].text(), "module");
+    let names: Vec<String> = doc["arguments"]
+        .items()
+        .iter()
+        .map(|a| fields_map(a)["name"].text())
+        .collect();
+    assert_eq!(names, ["key", "count", "client-id"]);
+    assert_eq!(
+        c.call(&["COMMAND", "GETKEYS", "LOCK.WHO", "orders:42", "COUNT", "3"]),
+        Reply::Array(vec![Reply::bulk("orders:42")])
+    );
+    let info = c.call(&["COMMAND", "INFO", "lock.who"]);
+    let info = &info.items()[0];
+    assert_eq!(info.items()[1], Reply::Int(-2));
+    let flags: Vec<String> = info.items()[2].items().iter().map(Reply::text).collect();
+    assert!(flags.contains(&"readonly".to_string()), "{flags:?}");
+    assert!(!flags.contains(&"write".to_string()), "{flags:?}");
+    // The key spec: read-only access.
+    let specs = format!("{:?}", info.items()[8]);
+    assert!(specs.contains("RO"), "{specs}");
+
+    let docs = c.call(&["COMMAND", "DOCS", "lock.longholds"]);
+    let doc = fields_map(&docs.items()[1]);
+    assert_eq!(doc["since"].text(), "0.2.0");
+    let info = c.call(&["COMMAND", "INFO", "lock.longholds"]);
+    let flags: Vec<String> = info.items()[0].items()[2]
+        .items()
+        .iter()
+        .map(Reply::text)
+        .collect();
+    assert!(flags.contains(&"admin".to_string()), "{flags:?}");
+    assert_eq!(info.items()[0].items()[3], Reply::Int(0), "no key");
+}
