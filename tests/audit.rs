@@ -96,12 +96,33 @@ fn config_changes_of_lock_settings_are_logged_with_who_made_them() {
         Reply::status("OK")
     );
     audit_line(&server, "CONFIG SET lock.tombstone-ttl from 10000 to 5000");
+    // Two settings in one call: each line names the caller.
+    assert_eq!(
+        ops.call(&[
+            "CONFIG",
+            "SET",
+            "lock.max-waiters",
+            "500",
+            "lock.lock-delay",
+            "10"
+        ]),
+        Reply::status("OK")
+    );
+    for name in [
+        "lock.max-waiters from 1000 to 500",
+        "lock.lock-delay from 0 to 10",
+    ] {
+        let line = audit_line(&server, name);
+        if server.identity().filter_knows_the_client() {
+            assert!(line.contains(&format!("by id={id} name=tuner")), "{line}");
+        }
+    }
     let lines = server.log();
     let audits: Vec<&str> = lines
         .lines()
         .filter(|l| l.contains("lock audit: CONFIG SET"))
         .collect();
-    assert_eq!(audits.len(), 2, "{audits:?}");
+    assert_eq!(audits.len(), 4, "{audits:?}");
 }
 
 #[test]

@@ -597,3 +597,59 @@ fn command_docs_key_specs_and_flags_of_who_and_longholds() {
     assert!(flags.contains(&"admin".to_string()), "{flags:?}");
     assert_eq!(info.items()[0].items()[3], Reply::Int(0), "no key");
 }
+
+#[test]
+fn a_label_given_in_a_script_stays_a_label_and_the_connection_is_unknown() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'secret-9', 60000, 'LABEL', 'host-7')";
+    assert!(matches!(c.call(&["EVAL", script, "1", "k"]), Reply::Int(_)));
+    let h = entries(&who(&mut c, &["k"]), "holders").remove(0);
+    assert_eq!(h["label"].text(), "host-7");
+    assert_eq!(h["client_name"].text(), "");
+    assert_eq!(h["client_addr"].text(), "");
+    assert_eq!(h["client_id"], Reply::Int(0));
+    assert_eq!(h["connected"], Reply::Int(-1));
+    // A refresh from a connection names it; a later one from a script keeps it.
+    let (addr, id) = client_addr_and_id(&mut c);
+    acquire_with(&mut c, "k", "secret-9", 60_000, &[]).int();
+    let script = "return redis.call('LOCK.ACQUIRE', KEYS[1], 'secret-9', 60000, 'LABEL', 'host-8')";
+    assert!(matches!(c.call(&["EVAL", script, "1", "k"]), Reply::Int(_)));
+    let h = entries(&who(&mut c, &["k"]), "holders").remove(0);
+    assert_eq!(h["client_id"], Reply::Int(id));
+    assert_eq!(h["client_addr"].text(), addr);
+    assert_eq!(h["label"].text(), "host-8");
+    assert_eq!(h["connected"], Reply::Int(1));
+    // LOCK.WHO and LOCK.FORCERELEASE from a script too.
+    let script = "return redis.call('LOCK.WHO', KEYS[1])";
+    assert_eq!(
+        fields_map(&c.call(&["EVAL", script, "1", "k"]))["holders_total"],
+        Reply::Int(1)
+    );
+    let script = "return redis.call('LOCK.FORCERELEASE', KEYS[1])";
+    assert_eq!(c.call(&["EVAL", script, "1", "k"]), Reply::Int(1));
+    assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
+}
+
+#[test]
+fn holds_already_held_become_long_when_the_threshold_is_set_and_tags_survive_swapdb() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "short", TOKEN, 3_000);
+    acquire(&mut c, "long", TOKEN, 600_000);
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "300"]),
+        Reply::status("OK")
+    );
+    wait_for("both holds to become long", || {
+        (server.info_int("lock_long_holds") == 2).then_some(())
+    });
+    // SWAPDB moves the locks; their tags stay those of their names.
+    let tag = who(&mut c, &["long"])["tag"].text();
+    assert_eq!(c.call(&["SWAPDB", "0", "1"]), Reply::status("OK"));
+    assert_eq!(c.call(&["SELECT", "1"]), Reply::status("OK"));
+    assert_eq!(who(&mut c, &["long"])["tag"].text(), tag);
+    let oldest = server.info_field("lock", "lock_oldest_hold_tag").unwrap();
+    let short_tag = who(&mut c, &["short"])["tag"].text();
+    assert!(oldest == tag || oldest == short_tag, "{oldest}");
+}

@@ -34,6 +34,16 @@ pub fn client_id(ctx: &Context) -> u64 {
     unsafe { raw::RedisModule_GetClientId.map_or(0, |f| f(ctx.ctx)) }
 }
 
+/// The id of the connection running the command, when it is one: 0 inside a script (Valkey 9
+/// runs scripts through a client of its own that it lists as connected but that has no
+/// connection, and asking the server for such a client's address crashes it) and for no client.
+pub fn caller_id(ctx: &Context) -> u64 {
+    if ctx.get_flags().contains(ContextFlags::LUA) {
+        return 0;
+    }
+    client_id(ctx)
+}
+
 /// True on a primary (not a replica).
 pub fn is_primary(ctx: &Context) -> bool {
     ctx.get_flags().contains(ContextFlags::MASTER)
@@ -285,7 +295,8 @@ fn append_connection(ctx: &Context, client: u64, addr: &[u8], out: &mut Vec<u8>)
 }
 
 /// What a grant records of the client it is made to: `addr name`, its address (cached, see
-/// [`ADDRS`]) and its current name; empty when no such client is connected.
+/// [`ADDRS`]) and its current name; empty when no such client is connected. Only for the client
+/// running the current command (see [`caller_id`]): a connection, never a script's client.
 pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
     if client == 0 {
         return Vec::new();
@@ -308,15 +319,14 @@ pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
     text
 }
 
-/// `addr name` of a client connected now, asked of the server (no cache): what LOCK.WHO shows
-/// of waiters, and how it tells whether a holder's connection is still there. Empty when no
-/// such client is connected.
-pub fn live_connection_of(ctx: &Context, client: u64) -> Vec<u8> {
-    let mut text = Vec::new();
-    if let Some(addr) = client_addr(client) {
-        append_connection(ctx, client, &addr, &mut text);
-    }
-    text
+/// True when client `client` is connected now from `addr`, as far as grants have seen it: its
+/// address is cached (see [`ADDRS`]) and the client has not disconnected since. Never asks the
+/// server about an id (a client without a connection crashes that question on Valkey 9).
+pub fn is_connected_at(client: u64, addr: &[u8]) -> bool {
+    addrs()
+        .as_ref()
+        .and_then(|addrs| addrs.get(&client))
+        .is_some_and(|cached| **cached == *addr)
 }
 
 /// The ACL user of a connected client (empty when unknown), for the audit log.

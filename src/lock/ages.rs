@@ -9,12 +9,13 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
-/// A key's tag: a keyed hash of its database and name, with a key drawn once per process. The
-/// same key has the same tag in INFO, `LOCK.WHO` and the long-hold log of one server process,
-/// and nobody outside can compute it, so a tag in a metrics system says nothing of the name.
-pub fn tag_of(db: i32, key: &[u8]) -> u64 {
+/// A key's tag: a keyed hash of its name, with a key drawn once per process. The same key name
+/// has the same tag in INFO, `LOCK.WHO` and the long-hold log of one server process, whatever
+/// its database (so SWAPDB changes no tag), and nobody outside can compute it, so a tag in a
+/// metrics system says nothing of the name.
+pub fn tag_of(key: &[u8]) -> u64 {
     static SECRET: OnceLock<RandomState> = OnceLock::new();
-    SECRET.get_or_init(RandomState::new).hash_one((db, key))
+    SECRET.get_or_init(RandomState::new).hash_one(key)
 }
 
 /// A tag as text: 16 hex digits.
@@ -150,7 +151,7 @@ impl LongLog {
             at: crossing.at,
             db: crossing.db,
             key: crossing.key.into(),
-            tag: tag_of(crossing.db, crossing.key),
+            tag: tag_of(crossing.key),
             fence: crossing.fence,
             since: crossing.since,
             client: crossing.client,
@@ -237,10 +238,9 @@ mod tests {
     }
 
     #[test]
-    fn tags_are_stable_and_differ_by_key_and_database() {
-        assert_eq!(tag_of(0, b"orders:42"), tag_of(0, b"orders:42"));
-        assert_ne!(tag_of(0, b"orders:42"), tag_of(0, b"orders:43"));
-        assert_ne!(tag_of(0, b"orders:42"), tag_of(1, b"orders:42"));
+    fn tags_are_stable_and_differ_by_key() {
+        assert_eq!(tag_of(b"orders:42"), tag_of(b"orders:42"));
+        assert_ne!(tag_of(b"orders:42"), tag_of(b"orders:43"));
         assert_eq!(tag_text(0xab).len(), 16);
     }
 

@@ -84,11 +84,18 @@ impl Grant {
         self.since != 0 || self.client != 0 || !self.who.is_empty()
     }
 
-    /// `who` from a connection's `addr name` and a label.
+    /// `who` from a connection's `addr name` (empty when not known) and a label.
     pub fn who_of(connection: &[u8], label: &[u8]) -> Box<[u8]> {
         if connection.is_empty() && label.is_empty() {
             return Box::default();
         }
+        // An unknown connection is an empty address and name: both separators stay, so the
+        // label is never read as a name.
+        let connection: &[u8] = if connection.is_empty() {
+            b" "
+        } else {
+            connection
+        };
         // Exactly sized: the Vec becomes the box without another allocation.
         let mut who = Vec::with_capacity(connection.len() + 1 + label.len());
         who.extend_from_slice(connection);
@@ -99,15 +106,26 @@ impl Grant {
 
     /// This grant taken by `request` (a refresh from perhaps another connection): the
     /// connection is the request's, the label too unless it gives none.
+    /// A refresh whose connection is not known (a script's) keeps the connection recorded
+    /// and changes only the label, if it gives one.
     fn refreshed_by(&mut self, request: &Request) {
-        if request.client == 0 {
-            return;
-        }
         let label = if request.label.is_empty() {
             self.label().to_vec()
         } else {
             request.label.to_vec()
         };
+        if request.client == 0 || request.connection.is_empty() {
+            if !request.label.is_empty() {
+                let connection = self
+                    .who
+                    .splitn(3, |b| *b == b' ')
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(&b' ');
+                self.who = Grant::who_of(&connection, &label);
+            }
+            return;
+        }
         self.client = request.client;
         self.who = Grant::who_of(request.connection, &label);
     }
@@ -352,8 +370,9 @@ impl Lock {
             .min()
     }
 
-    /// Marks the holds that have lasted `threshold` ms or more at `now` and were not announced
-    /// yet as long, and returns their fences and grants.
+    /// Marks the holds that have lasted `threshold` ms or more at `now` (or by the end of their
+    /// lease, when that came first and the lease timer is late) and were not announced yet as
+    /// long, and returns their fences and grants.
     pub fn mark_long(&mut self, threshold: u64, now: u64) -> Vec<(u64, Grant)> {
         let mut marked = Vec::new();
         if threshold == 0 {
@@ -368,7 +387,8 @@ impl Lock {
         );
         for (fence, holder) in holders {
             let since = holder.grant.since;
-            if !holder.long && since > 0 && since.saturating_add(threshold) <= now {
+            let crossing = since.saturating_add(threshold);
+            if !holder.long && since > 0 && crossing <= now && crossing <= holder.deadline {
                 holder.long = true;
                 marked.push((fence, (*holder.grant).clone()));
             }
@@ -386,7 +406,12 @@ impl Lock {
 
     /// True when a hold with this fence is still there (live or not).
     pub fn has_hold_with(&self, fence: u64) -> bool {
-        self.all_holders().any(|(f, _)| f == fence)
+        // Members are in grant order, their fences increasing: a binary search.
+        (self.holder.is_some() && self.fence == fence)
+            || self
+                .members()
+                .binary_search_by_key(&fence, |m| m.fence)
+                .is_ok()
     }
 
     /// Every live holder with the fence of its grant, exclusive or not.
@@ -865,15 +890,14 @@ impl Lock {
 
     /// Heap bytes this lock owns beyond its own size (tokens, shared holders), for MEMORY USAGE.
     pub fn heap_bytes(&self) -> usize {
+        // A holder's own heap: its token, its grant record and that record's who bytes.
+        let own = |h: &Holder| h.token.len() + std::mem::size_of::<Grant>() + h.grant.who.len();
         let group = self.group.as_deref().map_or(0, |g| {
             std::mem::size_of::<Group>()
                 + g.members.capacity() * std::mem::size_of::<Member>()
-                + g.members
-                    .iter()
-                    .map(|m| m.holder.token.len())
-                    .sum::<usize>()
+                + g.members.iter().map(|m| own(&m.holder)).sum::<usize>()
         });
-        self.holder.as_ref().map_or(0, |h| h.token.len()) + group
+        self.holder.as_ref().map_or(0, own) + group
     }
 }
 

@@ -45,12 +45,13 @@ pub struct Request {
     pub sync: Option<SyncRequest>,
     /// The public label the grant is to carry (empty: none).
     pub label: Box<[u8]>,
+    /// The waiting client's `addr name` when it queued (see `core::Grant`).
+    pub connection: Box<[u8]>,
 }
 
 impl Request {
-    /// What the lock core is asked to grant for this waiter, whose connection is `addr name`
-    /// (see `core::Grant`).
-    pub fn grant<'a>(&'a self, connection: &'a [u8]) -> core::Request<'a> {
+    /// What the lock core is asked to grant for this waiter.
+    pub fn grant(&self) -> core::Request<'_> {
         core::Request {
             token: &self.token,
             ttl: self.ttl,
@@ -60,7 +61,7 @@ impl Request {
             mode: self.mode,
             provisional: self.sync.is_some_and(|s| s.replicas > 0),
             client: self.client,
-            connection,
+            connection: &self.connection,
             label: &self.label,
         }
     }
@@ -223,7 +224,7 @@ impl<H> Queues<H> {
             .entry(key.clone())
             .or_insert_with(Queue::new);
         let id = waiter.id;
-        self.ages.insert(id, (waiter.since, ages::tag_of(*db, key)));
+        self.ages.insert(id, (waiter.since, ages::tag_of(key)));
         match tag.watch {
             None => {
                 queue.acquirers.insert(id, Slot::Waiter(waiter));
@@ -524,6 +525,7 @@ mod tests {
                 client: 1,
                 sync: None,
                 label: Box::default(),
+                connection: Box::default(),
             }),
         };
         Waiter {

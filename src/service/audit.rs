@@ -7,7 +7,7 @@ use redis_module::Context;
 use crate::config::NumericConfig;
 use crate::host::audit::{config_caller, describe_client};
 use crate::host::log_notice;
-use crate::host::server::client_id;
+use crate::host::server::caller_id;
 use crate::lock::core::Grant;
 
 /// Bytes for a log line: printable ASCII as is, anything else (and `\`) as `\xNN`, quoted.
@@ -41,14 +41,17 @@ fn holder(fence: u64, grant: &Grant, now: u64) -> String {
     )
 }
 
-/// The client running the current command.
+/// The client running the current command (a script's is not named: see `caller_id`).
 fn caller(ctx: &Context) -> String {
-    describe_client(ctx, client_id(ctx))
+    match caller_id(ctx) {
+        0 => "a script".to_string(),
+        client => describe_client(ctx, client),
+    }
 }
 
 /// A `lock.*` config was set (after load).
 pub fn config_changed(config: &'static NumericConfig, old: i64, new: i64) {
-    let by = config_caller()
+    let by = config_caller(config.name)
         .unwrap_or_else(|| "a client this server does not name to modules".to_string());
     log_notice(&format!(
         "lock audit: CONFIG SET lock.{} from {old} to {new} by {by}",

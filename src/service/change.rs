@@ -158,8 +158,9 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, n
         Ok(Some(stored)) if stored.id() == id => {
             // Its entry is gone; whatever is due later gets a new one.
             stored.entry_came_due(queued);
-            expire_overdue(ctx, key_name, stored, now);
+            // Long holds first: a lease that ran out after its hold became long was one.
             holds::cross(ctx, key_name, stored, now);
+            expire_overdue(ctx, key_name, stored, now);
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.
                 hand_over(ctx, key_name, stored, now);
@@ -182,7 +183,7 @@ pub fn index_arrived(ctx: &Context, key_name: &RedisString) {
     let key = keys::open_quietly(ctx, key_name);
     if let Ok(Some(stored)) = in_key_mut(&key) {
         leases::arrived(ctx, stored, key_name.as_slice());
-        holds::arrived(ctx, stored, key_name.as_slice());
+        holds::arrived(stored, key_name.as_slice());
     }
 }
 

@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{
-    client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
+    caller_id, client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
 };
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Grant, Lock, Mode};
@@ -109,7 +109,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
-    let client = client_id(ctx);
+    let client = caller_id(ctx);
     let connection = connection_of(ctx, client);
     let label = options.label.as_deref().unwrap_or_default();
     let request = core::Request {
@@ -206,6 +206,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     client,
                     sync: options.sync,
                     label: label.into(),
+                    connection: connection.as_slice().into(),
                 };
                 handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
             }

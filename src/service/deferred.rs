@@ -14,7 +14,7 @@ use crate::host::timer;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
-use crate::service::{change, effects, safety, waiters};
+use crate::service::{change, effects, expiry, holds, safety, waiters};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -88,7 +88,13 @@ fn run(ctx: &Context) {
                     }
                 }
             }
-            Job::CheckConfig => safety::check(ctx),
+            Job::CheckConfig => {
+                safety::check(ctx);
+                // A new lock.long-hold moves every held lock's crossing: index them afresh.
+                if holds::threshold_changed() {
+                    expiry::rebuild(ctx);
+                }
+            }
             Job::RecordFloor => effects::record_floor(ctx),
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) if !primary => {}

@@ -29,7 +29,7 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
         keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }
     leases::follow(ctx, stored, key.as_slice());
-    holds::follow(ctx, stored, key.as_slice());
+    holds::follow(stored, key.as_slice());
 }
 
 /// Tells the rest of the server that the lock under `key` was deleted by the module, as DEL

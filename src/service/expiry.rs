@@ -114,7 +114,7 @@ pub fn rebuild(ctx: &Context) {
                 found.push((at, db, stored.id(), key.into()));
             }
             if let Some(since) = stored.lock().oldest_grant() {
-                ages.push((stored.id(), since, db, key.into()));
+                ages.push((stored.id(), since, key.into()));
             }
         });
         db += 1;

@@ -14,8 +14,8 @@ use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient, OnKey};
 use crate::host::command::CommandResult;
 use crate::host::server::{
-    avoid_replica_traffic, connection_of, in_multi_or_script, is_loading, is_primary, key_string,
-    now_ms, select_db, selected_db,
+    avoid_replica_traffic, in_multi_or_script, is_loading, is_primary, key_string, now_ms,
+    select_db, selected_db,
 };
 use crate::host::timer;
 use crate::host::{guarded, keys};
@@ -292,8 +292,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let Kind::AcquireAll { request, .. } = &waiter.kind else {
         return None;
     };
-    let connection = connection_of(ctx, request.client);
-    let grant = request.grant(&connection);
+    let grant = request.grant();
     let waited = u64::try_from(waiter.since.elapsed().as_micros()).unwrap_or(u64::MAX);
     metrics::ACQUIRE_WAIT.record(waited);
     let mut fences = Vec::with_capacity(names.len());
@@ -478,7 +477,7 @@ fn head_admitted(stored: &Stored, tag: &Tag, now: u64) -> Result<bool, LockError
     let Some(request) = queues.request_of(*db, name, tag.id) else {
         return Ok(false);
     };
-    match stored.lock().admit(&request.grant(b""), now)? {
+    match stored.lock().admit(&request.grant(), now)? {
         Admit::Busy => Ok(false),
         Admit::New | Admit::Refresh | Admit::Downgrade => Ok(true),
     }
@@ -507,8 +506,7 @@ fn grant_head(
         return None;
     };
     let lock_id = stored.id();
-    let connection = connection_of(ctx, request.client);
-    let outcome = grant_stored(ctx, key_name, stored, &request.grant(&connection), now);
+    let outcome = grant_stored(ctx, key_name, stored, &request.grant(), now);
     let (outcome, new) = match outcome {
         Ok(
             grant @ (Acquire::Granted { fence }

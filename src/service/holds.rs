@@ -7,6 +7,7 @@
 //! its lock (its due time counts the crossing, see `Stored::due`): on a primary only, so a
 //! replica counts and logs nothing, and a new primary announces a hold once more.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use redis_module::{Context, NotifyEvent, RedisString, RedisValue};
@@ -34,39 +35,53 @@ fn log() -> MutexGuard<'static, LongLog> {
     locked(&LOG)
 }
 
+/// The `lock.long-hold` the index last followed.
+static INDEXED_THRESHOLD: AtomicI64 = AtomicI64::new(0);
+
+/// True (once per change) when `lock.long-hold` changed since the lease index last followed
+/// it: every held lock's crossing time moved, and the index must be rebuilt.
+pub fn threshold_changed() -> bool {
+    let now = config::LONG_HOLD.get();
+    INDEXED_THRESHOLD.swap(now, Ordering::Relaxed) != now
+}
+
 fn log_len() -> usize {
     usize::try_from(config::LONG_HOLD_LOG_LEN.get()).unwrap_or(0)
 }
 
-/// After a change of the lock `stored` under `key` (in the selected db): its oldest hold.
-pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
+/// After a change of the lock `stored` under `key`: its oldest hold.
+pub fn follow(stored: &Stored, key: &[u8]) {
     let since = stored.lock().oldest_grant();
-    ages().set(stored.id(), since, || tag_of(selected_db(ctx), key));
+    ages().set(stored.id(), since, || tag_of(key));
 }
 
 /// The lock `stored` arrived under `key` (RENAME, MOVE, COPY, RESTORE).
-pub fn arrived(ctx: &Context, stored: &Stored, key: &[u8]) {
-    let tag = tag_of(selected_db(ctx), key);
+pub fn arrived(stored: &Stored, key: &[u8]) {
+    let tag = tag_of(key);
     let mut ages = ages();
     ages.retag(stored.id(), tag);
     ages.set(stored.id(), stored.lock().oldest_grant(), || tag);
 }
 
-/// After loading: the ages of every lock found (`(id, oldest grant, db, key)`).
-pub fn replace(found: impl IntoIterator<Item = (u64, u64, i32, Box<[u8]>)>) {
+/// After loading: the ages of every lock found (`(id, oldest grant, key)`).
+pub fn replace(found: impl IntoIterator<Item = (u64, u64, Box<[u8]>)>) {
+    INDEXED_THRESHOLD.store(config::LONG_HOLD.get(), Ordering::Relaxed);
     let mut ages = ages();
     ages.clear();
-    for (id, since, db, key) in found {
-        ages.set(id, Some(since), || tag_of(db, &key));
+    for (id, since, key) in found {
+        ages.set(id, Some(since), || tag_of(&key));
     }
 }
 
 /// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
-/// its logged long holds end as deleted. Also takes its lease index entries out.
-pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>) {
+/// its logged long holds (`had_long`: it had some) end as deleted. Also takes its lease index
+/// entries out.
+pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>, had_long: bool) {
     leases::forget(id, at, queued);
     ages().forget(id);
-    log().all_ended(id, "deleted", crate::host::server::now_ms());
+    if had_long {
+        log().all_ended(id, "deleted", now_ms());
+    }
 }
 
 /// The word a long hold's log entry shows for the change that ended it.

@@ -9,7 +9,7 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
-use crate::host::server::{client_id, connection_of, may_block, now_ms, parse_integer};
+use crate::host::server::{caller_id, client_id, connection_of, may_block, now_ms, parse_integer};
 use crate::lock::core::{Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
@@ -101,7 +101,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         }
     }
     let now = now_ms();
-    let client = client_id(ctx);
+    let client = caller_id(ctx);
     let connection = connection_of(ctx, client);
     let label = options.label.as_deref().unwrap_or_default();
     let request = Request {
@@ -159,6 +159,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             client,
             sync: None,
             label: label.into(),
+            connection: connection.as_slice().into(),
         };
         return handoff::block_all(ctx, keys, timeout, queued);
     }
@@ -166,7 +167,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     for (key, name) in opened.iter().zip(keys) {
         let (fence, lock_id, new) = grant_key(ctx, key, name, &request, now)?;
         if options.session {
-            sessions::claim(waiters::key_ref(ctx, name), client, token, lock_id);
+            sessions::claim(waiters::key_ref(ctx, name), client_id(ctx), token, lock_id);
         }
         if new {
             metrics::ACQUIRE_WAIT.record(0);

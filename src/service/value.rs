@@ -30,10 +30,11 @@ pub const APPLY: &CStr = c"LOCK.APPLY";
 /// The next lock id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// What takes a value's entries out of the lease index when the value is freed: its id, the
-/// time of its B-tree entry, the time of its queued reclaim. Installed at load (the index is a
-/// layer above); it may be called from a lazy-free thread.
-pub type ForgetEntries = fn(u64, Option<u64>, Option<u64>);
+/// What takes a value's entries out of the lease index (and the ages of holds) when the value is
+/// freed: its id, the time of its B-tree entry, the time of its queued reclaim, whether it had
+/// long holds. Installed at load (those are layers above); it may be called from a lazy-free
+/// thread.
+pub type ForgetEntries = fn(u64, Option<u64>, Option<u64>, bool);
 
 static FORGET_ENTRIES: OnceLock<ForgetEntries> = OnceLock::new();
 
@@ -337,7 +338,8 @@ impl Drop for Stored {
         let mark = self.index_mark.get();
         if mark != IndexMark::default() || self.lock.has_holders() {
             if let Some(forget) = FORGET_ENTRIES.get() {
-                forget(self.id, mark.at(), self.queued_reclaim());
+                let had_long = self.lock.all_holders().any(|(_, h)| h.long);
+                forget(self.id, mark.at(), self.queued_reclaim(), had_long);
             }
         }
     }

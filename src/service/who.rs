@@ -6,7 +6,7 @@ use redis_module::{Context, RedisString, RedisValue};
 
 use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
-use crate::host::server::{is_primary, live_connection_of, now_ms};
+use crate::host::server::{is_connected_at, is_primary, now_ms};
 use crate::lock::ages::{tag_of, tag_text};
 use crate::lock::core::{Grant, Holder, Mode};
 use crate::lock::queues::{Kind, Waiter};
@@ -33,15 +33,12 @@ fn elapsed_ms(since: Instant) -> u64 {
 }
 
 /// Whether the client a hold was granted to is still connected under that id: 1 or 0; -1 when
-/// nobody can tell (the id is unknown, or this is a replica, where ids are the primary's). A
-/// restarted server reuses ids, so the address must match too.
+/// nobody can tell (the id is unknown, or this is a replica, where ids are the primary's).
 fn connected(ctx: &Context, grant: &Grant) -> i64 {
     if grant.client == 0 || !is_primary(ctx) {
         return -1;
     }
-    let now = live_connection_of(ctx, grant.client);
-    let addr = now.split(|b| *b == b' ').next().unwrap_or_default();
-    i64::from(!now.is_empty() && addr == grant.addr())
+    i64::from(is_connected_at(grant.client, grant.addr()))
 }
 
 /// One holder's entry.
@@ -75,7 +72,7 @@ fn holder_entry(
 }
 
 /// One queued acquirer's entry; `position` counts from 1.
-fn waiter_entry<H>(ctx: &Context, position: usize, waiter: &Waiter<H>) -> Option<Nested> {
+fn waiter_entry<H>(position: usize, waiter: &Waiter<H>) -> Option<Nested> {
     let (request, keys) = match &waiter.kind {
         Kind::Acquire(request) => (request, 1),
         Kind::AcquireAll { request, keys } => (request, keys.len()),
@@ -86,8 +83,7 @@ fn waiter_entry<H>(ctx: &Context, position: usize, waiter: &Waiter<H>) -> Option
         Mode::Shared => ("shared", 0),
         Mode::Permit(limit) => ("permit", limit),
     };
-    let connection = live_connection_of(ctx, request.client);
-    let mut parts = connection.splitn(2, |b| *b == b' ');
+    let mut parts = request.connection.splitn(2, |b| *b == b' ');
     let addr = parts.next().unwrap_or_default();
     let name = parts.next().unwrap_or_default();
     let timeout = waiter.until.map_or(-1, |until| {
@@ -177,7 +173,7 @@ pub fn who(ctx: &Context, args: &[RedisString]) -> CommandResult {
             break;
         }
         if wanted(client_of(waiter)) {
-            waiting.extend(waiter_entry(ctx, index + 1, waiter));
+            waiting.extend(waiter_entry(index + 1, waiter));
         }
     }
     drop(queues);
@@ -188,7 +184,7 @@ pub fn who(ctx: &Context, args: &[RedisString]) -> CommandResult {
             ("mode", word(mode)),
             ("fence", int(fence_reply(fence))),
             ("delay_ttl", int(delay_ttl)),
-            ("tag", text(tag_text(tag_of(db, &name)).as_bytes())),
+            ("tag", text(tag_text(tag_of(&name)).as_bytes())),
             ("holders_total", int(holders_total)),
             ("holders", Nested::List(holders)),
             ("waiters_total", int(queued)),
