@@ -2,6 +2,7 @@
 //! strings for a [`Listener`].
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
 
 use redis_module::{raw, Context, RedisString};
 
@@ -208,6 +209,42 @@ extern "C" fn server_event<L: Listener>(
         // SAFETY: Redis passes the data documented for this event.
         if let Some(event) = unsafe { decode(event.id, subevent, data) } {
             L::server_event(&Context::new(ctx), event);
+        }
+    });
+}
+
+/// What runs just before each event-loop sleep (see [`on_before_sleep`]).
+static BEFORE_SLEEP: OnceLock<fn(&Context)> = OnceLock::new();
+
+/// Runs `hook` on every turn of the event loop, just before it sleeps: after the turn's
+/// commands (and what they replicated) and before Redis serves unblocked clients and writes
+/// replies and the replication stream out. The hook must return at once when it has nothing to
+/// do. False when the server refuses the subscription.
+pub fn on_before_sleep(ctx: &Context, hook: fn(&Context)) -> bool {
+    let _ = BEFORE_SLEEP.set(hook);
+    // SAFETY: reading the API table Redis filled in at load.
+    let Some(subscribe) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
+        return false;
+    };
+    let event = raw::RedisModuleEvent {
+        id: raw::REDISMODULE_EVENT_EVENTLOOP,
+        dataver: 1,
+    };
+    // SAFETY: a valid context and a plain callback function.
+    unsafe { subscribe(ctx.ctx, event, Some(event_loop)) == OK }
+}
+
+extern "C" fn event_loop(
+    ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guarded((), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
+            if let Some(hook) = BEFORE_SLEEP.get() {
+                hook(&Context::new(ctx));
+            }
         }
     });
 }

@@ -14,6 +14,7 @@
 //! and only a provisional grant is taken back (see `Holder::provisional`). Its own SYNC client
 //! then hears that the grant was kept but is not acknowledged.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -68,13 +69,36 @@ struct Pending {
 
 static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
 static TIMER: timer::Single = timer::Single::new();
+/// Some change waits for replicas: the event-loop hook has work ([`before_sleep`]).
+static WAITING: AtomicBool = AtomicBool::new(false);
+/// The event-loop hook runs on this server: the timer is only the backstop for deadlines and
+/// repeated requests, not the way acknowledgements are noticed.
+static HOOKED: AtomicBool = AtomicBool::new(false);
 
 fn pending() -> MutexGuard<'static, Vec<Pending>> {
     locked(&PENDING)
 }
 
+/// How soon the timer looks again: at once (1 ms) without the event-loop hook; with it, soon
+/// enough for deadlines and repeated requests, which the hook does not wait for.
 fn arm(ctx: &Context) {
-    TIMER.arm(ctx, 1, tick);
+    let delay = if HOOKED.load(Ordering::Relaxed) { 10 } else { 1 };
+    TIMER.arm(ctx, delay, tick);
+}
+
+/// At load: the event-loop hook ([`before_sleep`]) runs on this server.
+pub fn hooked(yes: bool) {
+    HOOKED.store(yes, Ordering::Relaxed);
+}
+
+/// Just before each event-loop sleep: the changes made in this turn get their target offset and
+/// one request for acknowledgement (for all of them, after their effects in the replication
+/// stream), and acknowledgements that arrived in this turn are answered now, before Redis writes
+/// replies out. Returns at once when nothing waits.
+pub fn before_sleep(ctx: &Context) {
+    if WAITING.load(Ordering::Relaxed) {
+        check(ctx);
+    }
 }
 
 /// Watches the change just made to `key` for the blocked client `client` (waiter `id`), which
@@ -100,6 +124,7 @@ pub fn track(
         asked: None,
         abandoned: false,
     });
+    WAITING.store(true, Ordering::Relaxed);
     arm(ctx);
 }
 
@@ -159,17 +184,24 @@ enum Outcome {
     Abandoned,
 }
 
-/// The timer: sets targets, asks replicas, answers what is decided, and runs again while anything
-/// waits.
+/// The timer: looks as the event-loop hook does, and runs again while anything waits.
 fn tick(ctx: &Context) {
     TIMER.fired();
+    check(ctx);
+    if !pending().is_empty() {
+        arm(ctx);
+    }
+}
+
+/// Sets targets, asks replicas (once for every change waiting), answers what is decided.
+fn check(ctx: &Context) {
     if !is_primary(ctx) {
         // A demoted primary: Redis has answered every blocked client; nothing may be written.
         pending().clear();
+        WAITING.store(false, Ordering::Relaxed);
         return;
     }
     let Some((offset, acked)) = replication_acks(ctx) else {
-        arm(ctx);
         return;
     };
     let now = Instant::now();
@@ -210,9 +242,7 @@ fn tick(ctx: &Context) {
     for (p, outcome) in decided {
         finish(ctx, p, outcome, now_ms());
     }
-    if !pending().is_empty() {
-        arm(ctx);
-    }
+    WAITING.store(!pending().is_empty(), Ordering::Relaxed);
 }
 
 fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
