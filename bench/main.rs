@@ -10,6 +10,8 @@
 //! - `scale`: acquire with 1M locks against 1k, and 1M leases that end together;
 //! - `shared`: the SHARED acquire/release cycle against the exclusive one, and 64 readers + 4
 //!   writers on one lock against the same 68 clients all exclusive;
+//! - `sync`: grants, renewals and handoffs that wait for a replica (`SYNC 1`) against the same
+//!   without it, on a primary with one replica;
 //! - `profile`: where the server's CPU time goes (perf) for ACQUIRE, RELEASE and RENEW and
 //!   their baselines, grouped (lease index, rest of the module, keyspace, Lua, kernel...).
 //!
@@ -28,6 +30,7 @@ mod profile;
 mod scale;
 mod shared;
 mod single;
+mod sync;
 mod util;
 
 use std::fmt::Write as _;
@@ -36,12 +39,13 @@ use std::time::Instant;
 
 use util::{progress, Pinning, Settings};
 
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
     "single",
     "contention",
     "memory",
     "scale",
     "shared",
+    "sync",
     "profile",
 ];
 
@@ -123,6 +127,10 @@ fn main() {
     }
     if wanted("shared") {
         let out = shared::run(&settings, &pinning, started);
+        show(out.table, out.goals);
+    }
+    if wanted("sync") {
+        let out = sync::run(&settings, &pinning, started);
         show(out.table, out.goals);
     }
     if wanted("profile") {
