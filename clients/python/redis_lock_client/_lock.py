@@ -48,12 +48,15 @@ _RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "READONLY"
 MAX_TTL_MS = 31_536_000_000
 MAX_WAIT_MS = 2**45
 MAX_LIMIT = 10_000
+# The longest label a server accepts (LABEL), in bytes (printable ASCII: one byte a character).
+MAX_LABEL_LEN = 128
 
 
 class LockArgumentError(ValueError):
     """A setting that makes no sense, refused before any command is sent. ``reason`` is one
     keyword, the same in every helper of this repository (clients/conformance/README.md):
-    ``ttl``, ``watchdog-ttl``, ``wait``, ``limit``, ``shared+limit`` or ``retry``."""
+    ``ttl``, ``watchdog-ttl``, ``wait``, ``limit``, ``shared+limit``, ``retry`` or
+    ``label``."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(f"{reason}: {message}")
@@ -170,7 +173,9 @@ class Lock:
     A blocking acquire holds its connection: give the client a ``socket_timeout`` longer than
     ``wait_ms`` (or none). ``session=True`` ties the grant to the connection that made it: use a
     client with ``single_connection_client=True`` for that. One ``Lock`` belongs to one thread
-    of your code (its watchdog thread is its own business).
+    of your code (its watchdog thread is its own business). ``label`` names the grant for
+    operators (``LABEL``, shown by ``LOCK.WHO`` and the long-hold log; a server module of 0.2.0
+    or later): not a secret, and it proves nothing.
     """
 
     def __init__(
@@ -186,6 +191,7 @@ class Lock:
         watchdog: bool = False,
         on_lost: Optional[Callable[["Lock"], None]] = None,
         retry: RetryPolicy = RetryPolicy(),
+        label: Optional[str] = None,
     ):
         if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_TTL_MS:
             raise LockArgumentError(
@@ -211,6 +217,14 @@ class Lock:
             )
         if not isinstance(retry, RetryPolicy):
             raise LockArgumentError("retry", "retry must be a RetryPolicy")
+        if label is not None and not (
+            isinstance(label, str)
+            and 1 <= len(label) <= MAX_LABEL_LEN
+            and all("!" <= ch <= "~" for ch in label)
+        ):
+            raise LockArgumentError(
+                "label", "a label is 1 to 128 bytes of printable ASCII without spaces"
+            )
         self._client = client
         self.key = key
         self.ttl_ms = ttl_ms
@@ -221,6 +235,7 @@ class Lock:
         self.watchdog = watchdog
         self.on_lost = on_lost
         self.retry = retry
+        self.label = label
         # The local lease: the server counts whole milliseconds from when it ran the command, so
         # allow 1% + 2 ms for rounding and clock rate.
         self._lease_s = max(0.0, ttl_ms * 0.99 - 2) / 1000
@@ -290,6 +305,8 @@ class Lock:
             base.append("SHARED")
         if self.limit is not None:
             base += ["LIMIT", self.limit]
+        if self.label is not None:
+            base += ["LABEL", self.label]
         waits_until = None
         if self.wait_ms:
             waits_until = time.monotonic() + self.wait_ms / 1000

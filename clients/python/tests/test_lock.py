@@ -417,6 +417,20 @@ class Guard(OneServer):
         with self.assertRaises(Exception):
             lock.check()
 
+    def test_a_label_shows_in_lock_who_and_a_bad_one_is_refused(self) -> None:
+        key = fresh_key()
+        with Lock(self.r, key, 10000, label="host-7:pid-42"):
+            def as_map(reply):  # a map (RESP3) or a flat field/value list (RESP2)
+                return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+
+            holder = as_map(as_map(self.r.execute_command("LOCK.WHO", key))[b"holders"][0])
+            self.assertEqual(holder[b"label"], b"host-7:pid-42")
+        for bad in ["", "two words", "x" * 129, "caf\u00e9", 7]:
+            with self.assertRaises(LockArgumentError) as refused:
+                Lock(self.r, key, 10000, label=bad)
+            self.assertEqual(refused.exception.reason, "label")
+        self.assertEqual(self.server.state(key), "free")
+
     def test_shared_holders_go_together_and_a_semaphore_counts_permits(self) -> None:
         key = fresh_key()
         readers = [Lock(self.r, key, 10000, shared=True) for _ in range(3)]

@@ -48,11 +48,14 @@ pub enum Invalid {
     SharedWithLimit,
     /// A retry policy with no attempts or a zero deadline. Keyword `retry`.
     Retry,
+    /// A label that is empty, longer than 128 bytes, or not printable ASCII without spaces.
+    /// Keyword `label`.
+    Label,
 }
 
 impl Invalid {
     /// The keyword naming the refused setting: `ttl`, `watchdog-ttl`, `wait`, `limit`,
-    /// `shared+limit` or `retry`.
+    /// `shared+limit`, `retry` or `label`.
     pub fn reason(&self) -> &'static str {
         match self {
             Invalid::Ttl => "ttl",
@@ -61,6 +64,7 @@ impl Invalid {
             Invalid::Limit => "limit",
             Invalid::SharedWithLimit => "shared+limit",
             Invalid::Retry => "retry",
+            Invalid::Label => "label",
         }
     }
 }
@@ -79,6 +83,7 @@ impl fmt::Display for Invalid {
                  ask for one of them"
             }
             Invalid::Retry => "a retry policy needs at least 1 attempt and a non-zero deadline",
+            Invalid::Label => "a label is 1 to 128 bytes of printable ASCII without spaces",
         };
         write!(f, "{}: {why}", self.reason())
     }

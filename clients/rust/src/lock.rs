@@ -39,6 +39,7 @@ pub struct Lock {
     io_timeout: Duration,
     on_lost: Option<LostCallback>,
     renewal_hook: Option<RenewalHook>,
+    label: Option<String>,
 }
 
 /// The longest lease any server accepts (the highest `lock.max-ttl`: one year), in ms.
@@ -47,6 +48,8 @@ const MAX_TTL_MS: u128 = 31_536_000_000;
 const MAX_WAIT_MS: u64 = 1 << 45;
 /// The most permits a semaphore can have.
 const MAX_LIMIT: u32 = 10_000;
+/// The longest label the server accepts, in bytes.
+const MAX_LABEL_LEN: usize = 128;
 
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -59,6 +62,7 @@ impl std::fmt::Debug for Lock {
             .field("watchdog", &self.watchdog)
             .field("retry", &self.retry)
             .field("io_timeout", &self.io_timeout)
+            .field("label", &self.label)
             .finish_non_exhaustive()
     }
 }
@@ -82,7 +86,17 @@ impl Lock {
             io_timeout: Duration::from_secs(2),
             on_lost: None,
             renewal_hook: None,
+            label: None,
         }
+    }
+
+    /// A public label for the grant (`LABEL text`), such as `host-7:pid-42`: operators see it
+    /// in `LOCK.WHO` and the long-hold log beside the connection that took the lock. It is not
+    /// a secret and proves nothing. 1 to 128 bytes of printable ASCII without spaces, else
+    /// [`Invalid::Label`]. Needs a server module of 0.2.0 or later.
+    pub fn label(mut self, label: impl Into<String>) -> Lock {
+        self.label = Some(label.into());
+        self
     }
 
     /// Queue on the server for up to `timeout` when the lock is held (`WAIT timeout-ms`). A
@@ -183,6 +197,14 @@ impl Lock {
         if self.retry.attempts == 0 || self.retry.deadline.is_zero() {
             return Some(Invalid::Retry);
         }
+        let printable = |l: &String| l.bytes().all(|b| (b'!'..=b'~').contains(&b));
+        if self
+            .label
+            .as_ref()
+            .is_some_and(|l| l.is_empty() || l.len() > MAX_LABEL_LEN || !printable(l))
+        {
+            return Some(Invalid::Label);
+        }
         None
     }
 
@@ -264,6 +286,9 @@ impl Lock {
                 }
                 if let Some(ms) = wait_arg {
                     cmd.arg("WAIT").arg(ms);
+                }
+                if let Some(label) = &self.label {
+                    cmd.arg("LABEL").arg(label);
                 }
                 cmd.query::<Option<i64>>(c.as_mut())
                     .map(|reply| (reply, sent_at))

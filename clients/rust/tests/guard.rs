@@ -245,3 +245,36 @@ fn shared_holders_go_together_and_a_semaphore_counts_permits() {
     drop(a);
     assert!(permit.acquire().is_ok());
 }
+
+// A label names the grant for operators (LOCK.WHO), and a bad one is refused before sending.
+#[test]
+fn a_label_shows_in_lock_who_and_a_bad_one_is_refused() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let lock =
+        Lock::new(client(&server), "orders:label", Duration::from_secs(30)).label("host-7:pid-42");
+    let guard = lock.acquire().expect("acquire");
+    let who = conn.call(&["LOCK.WHO", "orders:label"]);
+    let items = who.items();
+    let at = items
+        .iter()
+        .step_by(2)
+        .position(|f| f.text() == "holders")
+        .expect("holders");
+    let holder = items[at * 2 + 1].items()[0].items().to_vec();
+    let label = holder
+        .iter()
+        .step_by(2)
+        .position(|f| f.text() == "label")
+        .expect("label");
+    assert_eq!(holder[label * 2 + 1], Reply::bulk("host-7:pid-42"));
+    drop(guard);
+    for bad in ["", "two words", &"x".repeat(129)] {
+        let lock = Lock::new(client(&server), "orders:label", Duration::from_secs(30)).label(bad);
+        match lock.acquire() {
+            Err(Error::Invalid(invalid)) => assert_eq!(invalid.reason(), "label"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert_eq!(state_of(&mut conn, "orders:label"), "free");
+}
