@@ -358,7 +358,10 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     service::value::set_forget_entries(service::holds::forget);
     host::set_after_call(service::handoff::serve_ready);
     // SYNC replies are decided once per event-loop turn, as WAIT's are.
-    service::acks::hooked(host::events::on_before_sleep(ctx, service::acks::before_sleep));
+    service::acks::hooked(host::events::on_before_sleep(
+        ctx,
+        service::acks::before_sleep,
+    ));
     service::safety::check(ctx);
     host::log_notice(&format!(
         "lock module {VERSION} (MODULE LIST ver {MODULE_VERSION}): on {}; {}",

@@ -82,7 +82,11 @@ fn pending() -> MutexGuard<'static, Vec<Pending>> {
 /// How soon the timer looks again: at once (1 ms) without the event-loop hook; with it, soon
 /// enough for deadlines and repeated requests, which the hook does not wait for.
 fn arm(ctx: &Context) {
-    let delay = if HOOKED.load(Ordering::Relaxed) { 10 } else { 1 };
+    let delay = if HOOKED.load(Ordering::Relaxed) {
+        10
+    } else {
+        1
+    };
     TIMER.arm(ctx, delay, tick);
 }
 
