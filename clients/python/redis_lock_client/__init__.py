@@ -13,6 +13,7 @@
 See clients/python/README.md and the repository's README for the commands underneath.
 """
 
+from ._election import Election, Leader
 from ._lock import (
     Lock,
     LockArgumentError,
@@ -25,6 +26,8 @@ from ._lock import (
 )
 
 __all__ = [
+    "Election",
+    "Leader",
     "Lock",
     "LockArgumentError",
     "LockConnectionError",

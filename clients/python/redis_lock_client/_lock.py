@@ -217,11 +217,7 @@ class Lock:
             )
         if not isinstance(retry, RetryPolicy):
             raise LockArgumentError("retry", "retry must be a RetryPolicy")
-        if label is not None and not (
-            isinstance(label, str)
-            and 1 <= len(label) <= MAX_LABEL_LEN
-            and all("!" <= ch <= "~" for ch in label)
-        ):
+        if label is not None and not _valid_label(label):
             raise LockArgumentError(
                 "label", "a label is 1 to 128 bytes of printable ASCII without spaces"
             )
@@ -398,6 +394,34 @@ class Lock:
         if reason is not None:
             self._report_loss()
             raise LockLost(self.key, f"lost: {reason}")
+
+    def relabel(self, label: str) -> None:
+        """Give the current grant a new public label (``LABEL``), keeping its fence: the token
+        asks for the lock again, which refreshes its lease (ttl_ms from now). Raises
+        ``LockLost`` when the lock is no longer held by this token."""
+        if not _valid_label(label):
+            raise LockArgumentError(
+                "label", "a label is 1 to 128 bytes of printable ASCII without spaces"
+            )
+        token = self._token
+        if token is None:
+            raise LockError(self.key, "not held: acquire it first")
+        with self._mutex:
+            if self._lost_reason is None and time.monotonic() >= self._lease_end:
+                self._mark_lost("the lease ran out before the new label was sent")
+            if self._lost_reason is None:
+                sent = time.monotonic()
+                reply = self._client.execute_command(
+                    "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label
+                )
+                if reply is None or int(reply) != self._fence:
+                    self._mark_lost("the token no longer holds the lock (relabel)")
+                else:
+                    self._lease_end = sent + self._lease_s
+                    self.label = label
+        if self._lost_reason is not None:
+            self._report_loss()
+            raise LockLost(self.key, f"lost: {self._lost_reason}")
 
     def __enter__(self) -> "Lock":
         self.acquire()
@@ -595,6 +619,15 @@ class Lock:
             self._client.execute_command("LOCK.RELEASE", self.key, token)
         except Exception:  # noqa: BLE001 - best effort; the lease ends it otherwise
             pass
+
+
+def _valid_label(label: Any) -> bool:
+    """What the server's LABEL takes: 1 to 128 printable ASCII characters without spaces."""
+    return (
+        isinstance(label, str)
+        and 1 <= len(label) <= MAX_LABEL_LEN
+        and all("!" <= ch <= "~" for ch in label)
+    )
 
 
 def _text(key: Any) -> str:
