@@ -48,11 +48,13 @@
 )]
 
 mod connector;
+mod election;
 mod error;
 mod lock;
 mod retry;
 
 pub use connector::{BoxedConnection, Connector};
+pub use election::{Election, Leader, Leadership};
 pub use error::{Error, Invalid, LostReason};
 pub use lock::{Lock, LockGuard};
 pub use retry::{is_retryable, RetryPolicy};

@@ -197,12 +197,7 @@ impl Lock {
         if self.retry.attempts == 0 || self.retry.deadline.is_zero() {
             return Some(Invalid::Retry);
         }
-        let printable = |l: &String| l.bytes().all(|b| (b'!'..=b'~').contains(&b));
-        if self
-            .label
-            .as_ref()
-            .is_some_and(|l| l.is_empty() || l.len() > MAX_LABEL_LEN || !printable(l))
-        {
+        if self.label.as_deref().is_some_and(|l| !valid_label(l)) {
             return Some(Invalid::Label);
         }
         None
@@ -576,6 +571,11 @@ impl Failure {
 
 /// Runs `op` on the connection in `slot`, opening one first if needed. An I/O error leaves
 /// the slot empty (the connection's state is unknown).
+/// What the server's `LABEL` takes: 1 to 128 bytes of printable ASCII without spaces.
+fn valid_label(label: &str) -> bool {
+    (1..=MAX_LABEL_LEN).contains(&label.len()) && label.bytes().all(|b| (b'!'..=b'~').contains(&b))
+}
+
 fn with_conn<T>(
     slot: &mut Option<BoxedConnection>,
     connector: &dyn Connector,
@@ -750,6 +750,52 @@ impl LockGuard {
                 Err(Error::Lost)
             }
             Renewal::Failed(e) => Err(Error::Redis(e)),
+        }
+    }
+
+    /// Gives this grant a new public label (`LABEL`), keeping its fence: the token asks for
+    /// the lock again, which sets the lease to ttl from now. [`Error::Lost`] when the token no
+    /// longer holds it (or the local lease end passed); [`Error::Invalid`] for a bad label.
+    pub fn relabel(&self, label: &str) -> Result<(), Error> {
+        if !valid_label(label) {
+            return Err(Error::Invalid(Invalid::Label));
+        }
+        let state = lock_ignoring_poison(&self.shared.state);
+        if state.stopping {
+            return Err(Error::Lost);
+        }
+        self.check()?;
+        let shared = &self.shared;
+        let mut slot = lock_ignoring_poison(&self.conn);
+        let outcome = with_conn(
+            &mut slot,
+            &*shared.connector,
+            shared.io_timeout,
+            shared.io_timeout,
+            |c| {
+                let sent_at = Instant::now();
+                redis::cmd("LOCK.ACQUIRE")
+                    .arg(&shared.key)
+                    .arg(&shared.token)
+                    .arg(millis(shared.ttl))
+                    .arg("LABEL")
+                    .arg(label)
+                    .query::<Option<i64>>(c)
+                    .map(|reply| (reply, sent_at))
+            },
+        );
+        drop(slot);
+        drop(state);
+        match outcome {
+            Ok((Some(fence), sent_at)) if fence == shared.fence => {
+                shared.set_lease_end(sent_at + lease_len(shared.ttl));
+                Ok(())
+            }
+            Ok(_) => {
+                shared.lose(LostReason::NotHeld);
+                Err(Error::Lost)
+            }
+            Err(e) => Err(Error::Redis(e)),
         }
     }
 
