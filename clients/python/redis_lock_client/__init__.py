@@ -14,6 +14,7 @@ See clients/python/README.md and the repository's README for the commands undern
 """
 
 from ._election import Election, Leader
+from ._redlock import Redlock, RedlockNoFence
 from ._lock import (
     Lock,
     LockArgumentError,
@@ -35,6 +36,8 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockUnknown",
+    "Redlock",
+    "RedlockNoFence",
     "RetryPolicy",
 ]
 __version__ = "0.1.0"

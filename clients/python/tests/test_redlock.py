@@ -1,0 +1,116 @@
+"""Redlock over five local servers: a majority suffices, a minority does not, and the documented
+unsafety: a holder paused past its validity while another takes the majority makes two holders.
+The same pause against one fenced lock is refused (test_lock.LossReports' stalled worker, and
+test_election's paused leader): that is the README's "Why not Redlock for money or inventory"."""
+
+from __future__ import annotations
+
+import time
+import unittest
+import uuid
+
+import redis
+
+from harness import Server
+from redis_lock_client import LockNotAcquired, Redlock, RedlockNoFence
+
+
+def fresh_key() -> str:
+    return f"redlock:{uuid.uuid4().hex[:10]}"
+
+
+class FiveServers(unittest.TestCase):
+    def setUp(self) -> None:
+        self.servers = [Server() for _ in range(5)]
+        self.addCleanup(lambda: [s.stop() for s in self.servers])
+        # No retries inside redis-py: a dead server fails fast, and the helper's per-server
+        # timeout bounds the rest.
+        self.clients = [
+            redis.Redis(host="127.0.0.1", port=s.port, socket_timeout=1,
+                        retry_on_error=[], retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0))
+            for s in self.servers
+        ]
+        self.addCleanup(lambda: [c.close() for c in self.clients])
+
+    def redlock(self, key: str, ttl_ms: int = 2000) -> Redlock:
+        lock = Redlock(self.clients, key, ttl_ms, server_timeout_ms=200, retries=1,
+                       retry_delay_ms=20)
+        self.addCleanup(lock.close)
+        return lock
+
+    def states(self, key: str) -> list:
+        return [s.state(key) if s.process.poll() is None else "down" for s in self.servers]
+
+    def test_a_majority_grants_and_a_second_client_is_refused(self) -> None:
+        key = fresh_key()
+        first = self.redlock(key)
+        fences = first.acquire()
+        self.assertEqual(sorted(fences), [0, 1, 2, 3, 4])
+        self.assertTrue(first.held)
+        self.assertGreater(first.validity_ms, 1500)
+        with self.assertRaises(LockNotAcquired):
+            self.redlock(key).acquire()
+        self.assertTrue(first.renew())
+        self.assertEqual(first.release(), 5)
+        self.assertEqual(self.states(key), ["free"] * 5)
+        # No global fence: refused, not pretended.
+        with self.assertRaises(RedlockNoFence):
+            first.fenced(lambda fence: fence)
+        with self.assertRaises(RedlockNoFence):
+            first.guarded("SET", "x", "1")
+
+    def test_two_servers_down_still_acquire_three_down_refuse(self) -> None:
+        key = fresh_key()
+        for server in self.servers[:2]:
+            server.process.kill()
+            server.process.wait(timeout=10)
+        lock = self.redlock(key)
+        self.assertEqual(sorted(lock.acquire()), [2, 3, 4])
+        lock.release()
+        self.servers[2].process.kill()
+        self.servers[2].process.wait(timeout=10)
+        with self.assertRaises(LockNotAcquired):
+            self.redlock(key).acquire()
+        # The minority's grants were given back.
+        self.assertEqual(self.states(key)[3:], ["free", "free"])
+
+    def test_a_paused_holder_and_a_new_one_both_hold_the_documented_unsafety(self) -> None:
+        key, ttl_ms = fresh_key(), 400
+        storage = self.clients[0]
+        paused = self.redlock(key, ttl_ms)
+        paused.acquire()
+        self.assertTrue(paused.held)  # checked: it holds, and goes on to write...
+        time.sleep(ttl_ms / 1000 + 0.1)  # ...but is paused (GC, SIGSTOP) past its validity
+        other = self.redlock(key, ttl_ms)
+        other.acquire()  # the majority is free again: a second holder
+        storage.set(f"{key}:data", "written by the current holder")
+        # Resumed, the first holder writes what it had checked for. Redlock has no fence a
+        # storage could compare, so nothing refuses it: the stale write wins.
+        storage.set(f"{key}:data", "written by the paused holder")
+        self.assertEqual(storage.get(f"{key}:data"), b"written by the paused holder")
+        other.release()
+
+    def test_the_same_pause_against_one_fenced_lock_is_refused(self) -> None:
+        from redis_lock_client import Lock, LockLost
+
+        key, ttl_ms = fresh_key(), 400
+        storage = self.clients[0]
+        paused = Lock(storage, key, ttl_ms)
+        paused.acquire()
+        time.sleep(ttl_ms / 1000 + 0.1)
+        current = Lock(storage, key, ttl_ms)
+        current.acquire()
+        current.guarded("SET", f"{key}:data", "written by the current holder")
+        # The stale holder's write goes through LOCK.GUARD with its old fence: refused.
+        with self.assertRaises(LockLost):
+            paused.guarded("SET", f"{key}:data", "written by the paused holder")
+        with self.assertRaises(redis.ResponseError) as refused:
+            storage.execute_command(
+                "LOCK.GUARD", key, paused.fence, "SET", f"{key}:data", "stale"
+            )
+        self.assertTrue(str(refused.exception).startswith("FENCED"), str(refused.exception))
+        self.assertEqual(storage.get(f"{key}:data"), b"written by the current holder")
+        current.release()
+
+if __name__ == "__main__":
+    unittest.main()
