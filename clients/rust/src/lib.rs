@@ -51,10 +51,12 @@ mod connector;
 mod election;
 mod error;
 mod lock;
+mod redlock;
 mod retry;
 
 pub use connector::{BoxedConnection, Connector};
 pub use election::{Election, Leader, Leadership};
 pub use error::{Error, Invalid, LostReason};
 pub use lock::{Lock, LockGuard};
+pub use redlock::{Redlock, RedlockGuard, DRIFT_FACTOR};
 pub use retry::{is_retryable, RetryPolicy};
