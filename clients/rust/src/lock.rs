@@ -753,6 +753,23 @@ impl LockGuard {
         }
     }
 
+    /// Runs `op` on the guard's connection (opened again if it was lost), bounded by the I/O
+    /// timeout.
+    fn on_conn<T>(
+        &self,
+        op: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let shared = &self.shared;
+        let mut slot = lock_ignoring_poison(&self.conn);
+        with_conn(
+            &mut slot,
+            &*shared.connector,
+            shared.io_timeout,
+            shared.io_timeout,
+            op,
+        )
+    }
+
     /// Gives this grant a new public label (`LABEL`), keeping its fence: the token asks for
     /// the lock again, which sets the lease to ttl from now. [`Error::Lost`] when the token no
     /// longer holds it (or the local lease end passed); [`Error::Invalid`] for a bad label.
@@ -766,25 +783,17 @@ impl LockGuard {
         }
         self.check()?;
         let shared = &self.shared;
-        let mut slot = lock_ignoring_poison(&self.conn);
-        let outcome = with_conn(
-            &mut slot,
-            &*shared.connector,
-            shared.io_timeout,
-            shared.io_timeout,
-            |c| {
-                let sent_at = Instant::now();
-                redis::cmd("LOCK.ACQUIRE")
-                    .arg(&shared.key)
-                    .arg(&shared.token)
-                    .arg(millis(shared.ttl))
-                    .arg("LABEL")
-                    .arg(label)
-                    .query::<Option<i64>>(c)
-                    .map(|reply| (reply, sent_at))
-            },
-        );
-        drop(slot);
+        let outcome = self.on_conn(|c| {
+            let sent_at = Instant::now();
+            redis::cmd("LOCK.ACQUIRE")
+                .arg(&shared.key)
+                .arg(&shared.token)
+                .arg(millis(shared.ttl))
+                .arg("LABEL")
+                .arg(label)
+                .query::<Option<i64>>(c)
+                .map(|reply| (reply, sent_at))
+        });
         drop(state);
         match outcome {
             Ok((Some(fence), sent_at)) if fence == shared.fence => {
@@ -820,16 +829,7 @@ impl LockGuard {
                 guard_cmd.arg(bytes);
             }
         }
-        let shared = &self.shared;
-        let mut slot = lock_ignoring_poison(&self.conn);
-        let outcome = with_conn(
-            &mut slot,
-            &*shared.connector,
-            shared.io_timeout,
-            shared.io_timeout,
-            |c| guard_cmd.query::<T>(c),
-        );
-        drop(slot);
+        let outcome = self.on_conn(|c| guard_cmd.query::<T>(c));
         match outcome {
             Ok(value) => Ok(value),
             Err(e) if e.code() == Some("FENCED") => {
