@@ -41,7 +41,9 @@ class Redlock:
 
     ``server_timeout_ms`` bounds each server's answer in a round; a round that took so long
     that less than nothing of the lease is left counts as failed. ``retries`` more rounds
-    follow a failed one, after a random pause of up to ``retry_delay_ms``.
+    follow a failed one, after a random pause of up to ``retry_delay_ms``. ``watchdog=True``
+    renews by majority every third of the lease; it stops at the first renewal without a
+    majority in time (the validity ends then) and before ``release()`` sends anything.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Redlock:
         server_timeout_ms: int = 50,
         retries: int = 3,
         retry_delay_ms: int = 200,
+        watchdog: bool = False,
     ):
         if not clients:
             raise LockArgumentError("servers", "Redlock needs at least one server")
@@ -70,6 +73,9 @@ class Redlock:
         self._valid_until = 0.0
         self._pool = ThreadPoolExecutor(max_workers=len(self._clients))
         self._mutex = threading.Lock()
+        self.watchdog = watchdog
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
 
     def __repr__(self) -> str:
         return f"<Redlock {_text(self.key)} on {len(self._clients)} servers, {len(self._fences)} granted>"
@@ -126,6 +132,8 @@ class Redlock:
                 self._token = token
                 self._fences = grants
                 self._valid_until = started + validity
+                if self.watchdog:
+                    self._start_watchdog()
                 return dict(grants)
             # A minority, or too late: give every grant back, even those that answered late.
             self._round("LOCK.RELEASE", self.key, token)
@@ -153,9 +161,29 @@ class Redlock:
             self._valid_until = 0.0
             return False
 
+    def _start_watchdog(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._watch, name="redlock-watchdog", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        """Renews by majority every third of the lease; stops at the first failed renewal, when
+        the validity runs out, or at release."""
+        while not self._stopping.wait(self.ttl_ms / 3000):
+            if not self.renew():
+                return
+
+    def _stop_watchdog(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
     def release(self) -> int:
-        """Release on every server (token-checked, so a late grant on a minority server goes
-        too). Returns how many servers released."""
+        """Stop the watchdog (no renewal is sent after this returns), then release on every
+        server (token-checked, so a late grant on a minority server goes too). Returns how many
+        servers released."""
+        self._stop_watchdog()
         with self._mutex:
             token, self._token = self._token, None
             self._fences = {}
@@ -166,6 +194,7 @@ class Redlock:
         return sum(1 for r in replies.values() if r == 1)
 
     def close(self) -> None:
+        self._stop_watchdog()
         self._pool.shutdown(wait=False)
 
     def __enter__(self) -> "Redlock":

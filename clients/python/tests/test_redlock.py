@@ -59,6 +59,21 @@ class FiveServers(unittest.TestCase):
         with self.assertRaises(RedlockNoFence):
             first.guarded("SET", "x", "1")
 
+    def test_the_watchdog_keeps_a_majority_and_stops_before_release(self) -> None:
+        key, ttl_ms = fresh_key(), 300
+        lock = Redlock(self.clients, key, ttl_ms, server_timeout_ms=200, retries=1,
+                       retry_delay_ms=20, watchdog=True)
+        self.addCleanup(lock.close)
+        lock.acquire()
+        time.sleep(3 * ttl_ms / 1000)
+        self.assertTrue(lock.held)
+        self.assertEqual(self.states(key), ["held"] * 5)
+        self.assertEqual(lock.release(), 5)
+        renewals = sum(s.calls("lock.renew") for s in self.servers)
+        time.sleep(2 * ttl_ms / 1000)
+        self.assertEqual(sum(s.calls("lock.renew") for s in self.servers), renewals)
+        self.assertGreaterEqual(renewals, 10)
+
     def test_two_servers_down_still_acquire_three_down_refuse(self) -> None:
         key = fresh_key()
         for server in self.servers[:2]:

@@ -12,9 +12,9 @@
 //! current one. [`Redlock`] therefore has no `fenced()` or `guarded()`: use [`crate::Lock`] on
 //! one primary, with fences, for work that must not be done twice.
 
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::thread;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -34,15 +34,23 @@ pub struct Redlock {
     server_timeout: Duration,
     retries: u32,
     retry_delay: Duration,
+    watchdog: bool,
 }
 
 /// A Redlock held: released on every server when dropped (or by [`RedlockGuard::release`]).
 pub struct RedlockGuard {
+    held: Arc<Held>,
+    fences: Vec<(usize, i64)>,
+    /// The watchdog and the sender whose drop stops it.
+    watchdog: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+}
+
+/// What the guard and its watchdog share.
+struct Held {
     lock: Redlock,
     token: String,
-    fences: Vec<(usize, i64)>,
-    valid_until: Instant,
-    released: bool,
+    valid_until: Mutex<Instant>,
+    released: AtomicBool,
 }
 
 impl Redlock {
@@ -57,7 +65,16 @@ impl Redlock {
             server_timeout: Duration::from_millis(50),
             retries: 3,
             retry_delay: Duration::from_millis(200),
+            watchdog: false,
         }
+    }
+
+    /// Renew by majority every third of the lease while the guard lives (off by default). The
+    /// watchdog stops at the first renewal without a majority in time (the validity ends then)
+    /// and is stopped before the guard's release sends anything.
+    pub fn watchdog(mut self, on: bool) -> Redlock {
+        self.watchdog = on;
+        self
     }
 
     /// How long each server may take to answer in one round.
@@ -129,12 +146,32 @@ impl Redlock {
             let validity = self.validity_left(started.elapsed());
             if grants.len() >= self.quorum() {
                 if let Some(validity) = validity {
-                    return Ok(RedlockGuard {
-                        valid_until: started + validity,
-                        fences: grants,
+                    let watchdog = self.watchdog;
+                    let held = Arc::new(Held {
+                        valid_until: Mutex::new(started + validity),
                         token,
                         lock: self,
-                        released: false,
+                        released: AtomicBool::new(false),
+                    });
+                    let watchdog = watchdog.then(|| {
+                        let (stop, stopped) = mpsc::channel::<()>();
+                        let held = Arc::clone(&held);
+                        let every = held.lock.ttl / 3;
+                        let thread = thread::spawn(move || {
+                            while let Err(mpsc::RecvTimeoutError::Timeout) =
+                                stopped.recv_timeout(every)
+                            {
+                                if !held.renew() {
+                                    return;
+                                }
+                            }
+                        });
+                        (stop, thread)
+                    });
+                    return Ok(RedlockGuard {
+                        held,
+                        fences: grants,
+                        watchdog,
                     });
                 }
             }
@@ -152,26 +189,20 @@ impl Redlock {
     }
 }
 
-impl RedlockGuard {
-    /// Each granting server's fence, by its index in the server list. Comparable only with
-    /// later fences of the same server, never across servers.
-    pub fn fences(&self) -> &[(usize, i64)] {
-        &self.fences
+impl Held {
+    fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// True while the validity lasts by the local clock.
-    pub fn is_held(&self) -> bool {
-        !self.released && Instant::now() < self.valid_until
+    fn is_held(&self) -> bool {
+        !self.released.load(Ordering::SeqCst) && Instant::now() < self.valid_until()
     }
 
-    /// What is left of the validity.
-    pub fn validity(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
-    }
-
-    /// Renews on every server; true when a majority renewed within the validity (it starts
-    /// again), false when not (consider the lock lost).
-    pub fn renew(&mut self) -> bool {
+    /// One renewal round; see [`RedlockGuard::renew`].
+    fn renew(&self) -> bool {
         if !self.is_held() {
             return false;
         }
@@ -187,35 +218,67 @@ impl RedlockGuard {
             .iter()
             .filter(|(_, reply)| *reply == 1)
             .count();
+        let mut valid_until = self
+            .valid_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         match self.lock.validity_left(started.elapsed()) {
-            Some(validity)
-                if renewed >= self.lock.quorum() && Instant::now() < self.valid_until =>
-            {
-                self.valid_until = started + validity;
+            Some(validity) if renewed >= self.lock.quorum() && Instant::now() < *valid_until => {
+                *valid_until = started + validity;
                 true
             }
             _ => {
-                self.valid_until = Instant::now();
+                *valid_until = Instant::now();
                 false
             }
         }
     }
+}
 
-    /// Releases on every server (token-checked, so a late grant on a minority server goes too);
-    /// how many released.
+impl RedlockGuard {
+    /// Each granting server's fence, by its index in the server list. Comparable only with
+    /// later fences of the same server, never across servers.
+    pub fn fences(&self) -> &[(usize, i64)] {
+        &self.fences
+    }
+
+    /// True while the validity lasts by the local clock.
+    pub fn is_held(&self) -> bool {
+        self.held.is_held()
+    }
+
+    /// What is left of the validity.
+    pub fn validity(&self) -> Duration {
+        self.held
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Renews on every server; true when a majority renewed within the validity (it starts
+    /// again), false when not (consider the lock lost).
+    pub fn renew(&self) -> bool {
+        self.held.renew()
+    }
+
+    /// Stops the watchdog, then releases on every server (token-checked, so a late grant on a
+    /// minority server goes too); how many released.
     pub fn release(mut self) -> usize {
         self.release_all()
     }
 
     fn release_all(&mut self) -> usize {
-        if self.released {
+        if let Some((stop, thread)) = self.watchdog.take() {
+            drop(stop);
+            let _ = thread.join();
+        }
+        if self.held.released.swap(true, Ordering::SeqCst) {
             return 0;
         }
-        self.released = true;
-        self.lock
+        let held = &self.held;
+        held.lock
             .round(|| {
                 let mut cmd = redis::cmd("LOCK.RELEASE");
-                cmd.arg(&self.lock.key).arg(&self.token);
+                cmd.arg(&held.lock.key).arg(&held.token);
                 cmd
             })
             .iter()
@@ -233,7 +296,7 @@ impl Drop for RedlockGuard {
 impl std::fmt::Debug for RedlockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedlockGuard")
-            .field("key", &self.lock.key)
+            .field("key", &self.held.lock.key)
             .field("fences", &self.fences)
             .field("validity", &self.validity())
             .finish_non_exhaustive()

@@ -120,3 +120,29 @@ fn a_paused_holder_and_a_new_one_both_hold_but_one_fenced_lock_refuses_the_stale
         Reply::bulk("current")
     );
 }
+
+#[test]
+fn the_watchdog_keeps_a_majority_and_stops_before_release() {
+    let servers = servers();
+    let ttl = Duration::from_millis(300);
+    let held = redlock(&servers, "redlock:watchdog", ttl)
+        .watchdog(true)
+        .acquire()
+        .expect("acquire");
+    thread::sleep(ttl * 3);
+    assert!(held.is_held());
+    for server in &servers {
+        assert_eq!(state_of(&mut server.conn(), "redlock:watchdog"), "held");
+    }
+    assert_eq!(held.release(), 5);
+    let renewals = || -> i64 {
+        servers
+            .iter()
+            .map(|s| support::calls(s, "lock.renew"))
+            .sum()
+    };
+    let after_release = renewals();
+    assert!(after_release >= 10, "{after_release} renewals");
+    thread::sleep(ttl * 2);
+    assert_eq!(renewals(), after_release, "no renewal after release");
+}
