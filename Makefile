@@ -111,12 +111,13 @@ test: debug ## Build the debug module, then run unit and integration tests (they
 	$(CARGO) test $(TEST)
 	@[ -n "$(TEST)" ] || $(MAKE) --no-print-directory test-clients
 
-# The client helpers' tests (clients/python, clients/rust) against the debug module on
-# REDIS_SERVER. redis-py is pip-installed, pinned, into .cache/clients-py the first time; the
-# Rust helper is its own crate (clients/rust, own Cargo.lock and target/).
+# The client helpers' tests (clients/python, clients/rust, clients/node) against the debug module
+# on REDIS_SERVER. redis-py is pip-installed, pinned, into .cache/clients-py the first time; the
+# Rust helper is its own crate (clients/rust, own Cargo.lock and target/); the Node.js helper's
+# ioredis comes from npm (`npm ci`, pinned by clients/node/package-lock.json) the first time.
 CLIENTS_PY      := $(CURDIR)/.cache/clients-py
 REDIS_PY_PIN    := 8.1.0
-test-clients: debug ## The Python and Rust client helpers' tests against the module
+test-clients: debug ## The Python, Rust and Node.js client helpers' tests against the module
 	@[ -d "$(CLIENTS_PY)/redis-$(REDIS_PY_PIN).dist-info" ] || { \
 		echo "test-clients: pip install redis==$(REDIS_PY_PIN) into $(CLIENTS_PY)"; \
 		rm -rf "$(CLIENTS_PY)"; \
@@ -125,6 +126,9 @@ test-clients: debug ## The Python and Rust client helpers' tests against the mod
 	cd clients/python && PYTHONPATH="$(CLIENTS_PY):.:tests" LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" \
 		python3 -m unittest discover -s tests -v
 	cd clients/rust && LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" $(CARGO) test
+	@command -v npm >/dev/null 2>&1 || { echo "test-clients: Node.js 20+ with npm is needed for clients/node"; exit 1; }
+	cd clients/node && { [ -d node_modules/ioredis ] || npm ci --no-audit --no-fund --loglevel=error; } \
+		&& LOCK_MODULE="$(CURDIR)/$(DEBUG_MODULE)" node --test test/
 
 # The matrix: the whole `cargo test` on REDIS_SERVER (Debian's 7.0.15 by default), then on each
 # server MATRIX names, which .ci/server installs (pinned) and prints: Redis 8.2.3 and Valkey 9.1.2

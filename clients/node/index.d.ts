@@ -1,0 +1,67 @@
+// Types of redis-lock-client (clients/node/index.js).
+import type { Redis, Cluster } from 'ioredis';
+
+export declare const MAX_TTL_MS: number;
+export declare const MAX_WAIT_MS: number;
+export declare const MAX_LIMIT: number;
+export declare const MAX_LABEL_LEN: number;
+
+export declare class LockError extends Error {
+  readonly key: string;
+}
+/** A setting that makes no sense, refused before any command is sent. */
+export declare class LockArgumentError extends Error {
+  /** ttl, watchdog-ttl, wait, limit, shared+limit, retry or label. */
+  readonly reason: string;
+}
+export declare class LockNotAcquired extends LockError {}
+export declare class LockLost extends LockError {}
+export declare class LockUnknown extends LockError {}
+export declare class LockConnectionError extends LockError {}
+
+export interface RetryOptions {
+  attempts?: number;
+  baseMs?: number;
+  capMs?: number;
+  deadlineMs?: number;
+}
+export declare class RetryPolicy {
+  constructor(options?: RetryOptions);
+  readonly attempts: number;
+  readonly baseMs: number;
+  readonly capMs: number;
+  readonly deadlineMs: number;
+  delay(retry: number): number;
+}
+
+export interface LockOptions {
+  /** The lease, in ms (1 to one year). */
+  ttlMs: number;
+  /** Wait on the server: undefined: no; 0: without limit; n: up to n ms. */
+  waitMs?: number;
+  shared?: boolean;
+  /** A permit of a semaphore of `limit` permits. */
+  limit?: number;
+  /** A public label for operators (LOCK.WHO): printable ASCII without spaces, up to 128. */
+  label?: string;
+  /** Renew every ttlMs / 3 while held. */
+  watchdog?: boolean;
+  /** Called once when the grant is lost. */
+  onLost?: (lock: Lock) => void;
+  retry?: RetryPolicy;
+}
+
+export declare class Lock {
+  constructor(redis: Redis | Cluster, key: string, options: LockOptions);
+  readonly key: string;
+  readonly fence: number | null;
+  readonly lost: boolean;
+  readonly held: boolean;
+  check(): number;
+  acquire(): Promise<number>;
+  renew(): Promise<void>;
+  release(): Promise<boolean>;
+  fenced<T>(work: (fence: number) => T | Promise<T>): Promise<T>;
+  guarded(...command: (string | number | Buffer)[]): Promise<unknown>;
+  run<T>(body: (fence: number) => T | Promise<T>): Promise<T>;
+}

@@ -1,0 +1,342 @@
+'use strict';
+// A lock over the lock module's LOCK.* commands, for ioredis: a fresh random token per grant,
+// the fence handed to your code, an opt-in watchdog that never renews a lease that may already
+// have ended and is stopped before the release is sent, onLost called once, fenced and guarded
+// calls, and retries with the same token. The same shape as clients/python and clients/rust.
+
+const crypto = require('node:crypto');
+
+/** The longest lease a server accepts (the highest lock.max-ttl: one year), in ms. */
+const MAX_TTL_MS = 31_536_000_000;
+/** The longest WAIT a server accepts, in ms. */
+const MAX_WAIT_MS = 2 ** 45;
+/** The most permits a semaphore can have. */
+const MAX_LIMIT = 10_000;
+/** The longest label a server accepts, in bytes. */
+const MAX_LABEL_LEN = 128;
+
+class LockError extends Error {
+  constructor(key, message) {
+    super(`lock ${key}: ${message}`);
+    this.name = this.constructor.name;
+    this.key = key;
+  }
+}
+/** A setting that makes no sense, refused before any command is sent; `reason` is the keyword
+ * every helper uses (clients/conformance/README.md). */
+class LockArgumentError extends Error {
+  constructor(reason, message) {
+    super(`${reason}: ${message}`);
+    this.name = 'LockArgumentError';
+    this.reason = reason;
+  }
+}
+/** Another token holds the lock (after waiting, if asked). Nothing was granted. */
+class LockNotAcquired extends LockError {}
+/** The grant is gone, or presumed gone (its local lease ran out). */
+class LockLost extends LockError {}
+/** A request was sent, its reply lost, and retries ran out: it may or may not be granted. */
+class LockUnknown extends LockError {}
+/** No connection could be opened before anything was sent: nothing was granted. */
+class LockConnectionError extends LockError {}
+
+/** Errors worth sending the same request again for (with the same token). */
+function isRetriable(error) {
+  const message = String(error && error.message);
+  return /^(TRYAGAIN|CLUSTERDOWN|UNBLOCKED|LOADING|MASTERDOWN)/.test(message) ||
+    isConnectionError(error);
+}
+
+function isConnectionError(error) {
+  const message = String(error && error.message);
+  return ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT'].includes(error && error.code) ||
+    /Connection is closed|Stream isn't writeable|connect ECONNREFUSED|Command timed out/.test(message);
+}
+
+/** Nothing could have been sent: the connection was never there. */
+function notConnected(error) {
+  const message = String(error && error.message);
+  return (error && error.code === 'ECONNREFUSED') || /Stream isn't writeable|ECONNREFUSED/.test(message);
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** How to retry TRYAGAIN, CLUSTERDOWN, UNBLOCKED and lost connections. */
+class RetryPolicy {
+  constructor({ attempts = 8, baseMs = 50, capMs = 2000, deadlineMs = 10_000 } = {}) {
+    if (!Number.isInteger(attempts) || attempts < 1 || !(deadlineMs > 0) || baseMs < 0 || capMs < 0) {
+      throw new LockArgumentError('retry', 'a retry policy needs at least 1 attempt, non-negative delays and a positive deadline');
+    }
+    Object.assign(this, { attempts, baseMs, capMs, deadlineMs });
+  }
+
+  /** Full jitter: a random pause up to min(cap, base * 2^retry). */
+  delay(retry) {
+    return Math.random() * Math.min(this.capMs, this.baseMs * 2 ** retry);
+  }
+}
+
+function validLabel(label) {
+  return typeof label === 'string' && label.length >= 1 && label.length <= MAX_LABEL_LEN &&
+    /^[!-~]+$/.test(label);
+}
+
+class Lock {
+  /**
+   * One lock key, taken by one holder at a time with a fresh random token per grant.
+   * `redis` is an ioredis client. A waiting acquire blocks that client's connection: give
+   * waiting locks a client of their own.
+   */
+  constructor(redis, key, {
+    ttlMs, waitMs, shared = false, limit, label, watchdog = false, onLost,
+    retry = new RetryPolicy(),
+  } = {}) {
+    if (!Number.isInteger(ttlMs) || ttlMs < 1 || ttlMs > MAX_TTL_MS) {
+      throw new LockArgumentError('ttl', `ttlMs must be an integer from 1 to ${MAX_TTL_MS} (one year), in ms`);
+    }
+    if (waitMs !== undefined && (!Number.isInteger(waitMs) || waitMs < 0 || waitMs > MAX_WAIT_MS)) {
+      throw new LockArgumentError('wait', `waitMs must be undefined (do not wait) or 0 (no limit) to ${MAX_WAIT_MS}`);
+    }
+    if (limit !== undefined && (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT)) {
+      throw new LockArgumentError('limit', `limit must be undefined or 1 to ${MAX_LIMIT}`);
+    }
+    if (shared && limit !== undefined) {
+      throw new LockArgumentError('shared+limit', 'shared and limit together are ambiguous: a permit is already a shared hold; ask for one of them');
+    }
+    if (watchdog && ttlMs < 3) {
+      throw new LockArgumentError('watchdog-ttl', 'a watchdog renews every ttlMs / 3: ttlMs must be at least 3');
+    }
+    if (!(retry instanceof RetryPolicy)) {
+      throw new LockArgumentError('retry', 'retry must be a RetryPolicy');
+    }
+    if (label !== undefined && !validLabel(label)) {
+      throw new LockArgumentError('label', 'a label is 1 to 128 bytes of printable ASCII without spaces');
+    }
+    Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry });
+    // The local lease: allow 1% + 2 ms for the server's rounding and clock rate.
+    this._leaseMs = Math.max(0, ttlMs * 0.99 - 2);
+    this._token = null;
+    this._fence = null;
+    this._leaseEnd = 0;
+    this._lostReason = null;
+    this._lossReported = false;
+    this._timer = null;
+    this._renewing = null; // the renewal in flight, awaited by release()
+    this._stopping = false;
+  }
+
+  /** The fence of the current grant (null before the first). */
+  get fence() {
+    return this._fence;
+  }
+
+  /** True once the grant is known or presumed gone, as soon as the local lease has run out. */
+  get lost() {
+    this._lapsed();
+    this._reportLoss();
+    return this._lostReason !== null;
+  }
+
+  /** Granted, not released, not lost. */
+  get held() {
+    return this._token !== null && !this.lost;
+  }
+
+  /** The fence, or LockLost when the lock is no longer held. */
+  check() {
+    if (this._token === null) throw new LockError(this.key, 'not held: acquire it first');
+    if (this.lost) throw new LockLost(this.key, `lost: ${this._lostReason}`);
+    return this._fence;
+  }
+
+  /** Take the lock and return its fence (see the README for the errors). */
+  async acquire() {
+    if (this._token !== null) throw new LockError(this.key, 'already acquired by this Lock: release it first');
+    const token = crypto.randomBytes(16).toString('hex');
+    const base = ['LOCK.ACQUIRE', this.key, token, this.ttlMs];
+    if (this.shared) base.push('SHARED');
+    if (this.limit !== undefined) base.push('LIMIT', this.limit);
+    if (this.label !== undefined) base.push('LABEL', this.label);
+    const waitsUntil = this.waitMs ? Date.now() + this.waitMs : null;
+    let retries = 0;
+    let maybeGranted = false;
+    let giveUpAt = null;
+    for (;;) {
+      const command = base.slice();
+      if (this.waitMs === 0) {
+        command.push('WAIT', 0);
+      } else if (waitsUntil !== null) {
+        const left = Math.ceil(waitsUntil - Date.now());
+        if (left >= 1) command.push('WAIT', left);
+      }
+      const sent = performance.now();
+      let reply;
+      try {
+        reply = await this.redis.call(...command);
+      } catch (error) {
+        if (!isRetriable(error)) throw error;
+        if (notConnected(error) && !maybeGranted) {
+          throw new LockConnectionError(this.key, `could not connect, nothing was sent (${error.message})`);
+        }
+        maybeGranted = maybeGranted || isConnectionError(error);
+        retries += 1;
+        giveUpAt = giveUpAt ?? Date.now() + this.retry.deadlineMs;
+        if (retries >= this.retry.attempts || Date.now() >= giveUpAt) {
+          // The grant may exist: release what this token may hold (once, best effort).
+          await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
+          throw new LockUnknown(this.key, `no answer after ${retries} attempts (${error.message})`);
+        }
+        await sleep(this.retry.delay(retries));
+        continue;
+      }
+      if (reply === null) throw new LockNotAcquired(this.key, 'held by another token');
+      this._token = token;
+      this._fence = Number(reply);
+      this._leaseEnd = sent + this._leaseMs;
+      this._lostReason = null;
+      this._lossReported = false;
+      this._stopping = false;
+      if (performance.now() - sent > this.ttlMs / 10) {
+        // Granted at an unknown moment of a long wait: a renewal sets a lease whose start is known.
+        const reason = await this._renewOnce(token, false);
+        if (reason !== null) {
+          this._token = null;
+          this._lostReason = null;
+          throw new LockNotAcquired(this.key, `granted, but ${reason}`);
+        }
+      }
+      if (this.watchdog) this._schedule(token);
+      return this._fence;
+    }
+  }
+
+  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held. */
+  async renew() {
+    const token = this._token;
+    if (token === null) throw new LockError(this.key, 'not held: acquire it first');
+    const reason = await this._renewOnce(token, true);
+    if (reason !== null) {
+      this._reportLoss();
+      throw new LockLost(this.key, `lost: ${reason}`);
+    }
+  }
+
+  /** Stop the watchdog (no renewal is sent after this returns), then release with the token.
+   * True when the server released this grant; false when it was not held any more. */
+  async release() {
+    const token = this._token;
+    if (token === null) return false;
+    this._lapsed();
+    this._stopping = true;
+    clearTimeout(this._timer);
+    this._timer = null;
+    if (this._renewing) await this._renewing.catch(() => {});
+    this._token = null;
+    this._leaseEnd = 0;
+    try {
+      const reply = await this.redis.call('LOCK.RELEASE', this.key, token);
+      if (reply !== 1) this._markLost('LOCK.RELEASE found the token no longer holding the lock');
+      return reply === 1;
+    } finally {
+      this._reportLoss();
+    }
+  }
+
+  /** Run `work(fence)` if the lock is still held (LockLost otherwise). */
+  async fenced(work) {
+    return work(this.check());
+  }
+
+  /** Run one Redis command only while this grant's fence is current (LOCK.GUARD); LockLost
+   * when it is not (the command did not run). Not retried. */
+  async guarded(...command) {
+    const fence = this.check();
+    try {
+      return await this.redis.call('LOCK.GUARD', this.key, fence, ...command);
+    } catch (error) {
+      if (!String(error.message).startsWith('FENCED')) throw error;
+      const reason = this._markLost('LOCK.GUARD says the fence is no longer current');
+      this._reportLoss();
+      throw new LockLost(this.key, `lost: ${reason}`);
+    }
+  }
+
+  /** Acquire, run `body(fence)`, release (also when it throws). The body never runs without
+   * the lock. */
+  async run(body) {
+    const fence = await this.acquire();
+    try {
+      return await body(fence);
+    } finally {
+      await this.release();
+    }
+  }
+
+  // ---- internals ----------------------------------------------------------------------------
+
+  _schedule(token) {
+    if (this._stopping) return;
+    this._timer = setTimeout(() => {
+      this._timer = null;
+      this._renewing = this._renewOnce(token, true).then((reason) => {
+        this._renewing = null;
+        if (reason !== null) this._reportLoss();
+        else this._schedule(token);
+      });
+    }, this.ttlMs / 3);
+    this._timer.unref?.();
+  }
+
+  /** One renewal; the reason the lock is lost, or null when renewed. `anchored`: never send
+   * once the local lease has ended (a late renewal could extend a lease the server ended). */
+  async _renewOnce(token, anchored) {
+    if (this._lostReason !== null) return this._lostReason;
+    for (let retries = 0; ; retries += 1) {
+      if (this._stopping && anchored) return null;
+      const sent = performance.now();
+      if (anchored && sent >= this._leaseEnd) return this._markLost('the lease ran out before the renewal was sent');
+      let reply;
+      try {
+        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs);
+      } catch (error) {
+        if (!isRetriable(error) || retries + 1 >= this.retry.attempts) return this._markLost(`renewal failed: ${error.message}`);
+        await sleep(this.retry.delay(retries + 1));
+        continue;
+      }
+      if (anchored && performance.now() >= this._leaseEnd) return this._markLost('the renewal was answered after the lease ran out');
+      if (reply !== 1) return this._markLost('LOCK.RENEW replied 0: the token no longer holds it');
+      this._leaseEnd = sent + this._leaseMs;
+      return null;
+    }
+  }
+
+  _markLost(reason) {
+    if (this._lostReason === null) this._lostReason = reason;
+    return this._lostReason;
+  }
+
+  _lapsed() {
+    if (this._token !== null && this._lostReason === null && performance.now() >= this._leaseEnd) {
+      this._markLost('the lease ran out');
+    }
+  }
+
+  _reportLoss() {
+    if (this._lostReason === null || this._lossReported) return;
+    this._lossReported = true;
+    clearTimeout(this._timer);
+    this._timer = null;
+    if (this.onLost) {
+      try {
+        this.onLost(this);
+      } catch {
+        // A callback's failure is its own.
+      }
+    }
+  }
+}
+
+module.exports = {
+  Lock, RetryPolicy, LockError, LockArgumentError, LockNotAcquired, LockLost, LockUnknown,
+  LockConnectionError, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
+};

@@ -1,0 +1,142 @@
+'use strict';
+// The helper against a real server with the module: the guard's fence, refusal, waiting,
+// shared holds and permits, labels, the watchdog and its end at release, onLost once, stale
+// fences refused by LOCK.GUARD, bad settings refused before sending, a refused connection.
+const { test, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+const crypto = require('node:crypto');
+const { Server, waitFor } = require('./harness');
+const {
+  Lock, LockArgumentError, LockConnectionError, LockLost, LockNotAcquired, RetryPolicy,
+} = require('..');
+
+let server;
+let redis;
+before(async () => {
+  server = await Server.start();
+  redis = server.client();
+});
+after(async () => {
+  redis.disconnect();
+  await server.stop();
+});
+
+const freshKey = () => `lock:${crypto.randomBytes(6).toString('hex')}`;
+
+test('acquire gives the server fence, another token is refused, release frees it', async () => {
+  const key = freshKey();
+  const lock = new Lock(redis, key, { ttlMs: 10_000 });
+  const fence = await lock.acquire();
+  const info = await server.info(key);
+  assert.equal(info.state, 'held');
+  assert.equal(info.fence, fence);
+  assert.equal(lock.check(), fence);
+  assert.equal(await lock.fenced((f) => f * 2), fence * 2);
+  await assert.rejects(new Lock(redis, key, { ttlMs: 10_000 }).acquire(), LockNotAcquired);
+  let ran = false;
+  await assert.rejects(new Lock(redis, key, { ttlMs: 10_000 }).run(() => { ran = true; }), LockNotAcquired);
+  assert.equal(ran, false, 'the body never runs without the lock');
+  assert.equal(await lock.guarded('SET', `${key}:data`, 'v'), 'OK');
+  assert.equal(await lock.release(), true);
+  assert.equal((await server.info(key)).state, 'free');
+  assert.equal(await lock.release(), false);
+});
+
+test('a waiting acquire is granted when the holder releases', async () => {
+  const key = freshKey();
+  const holder = new Lock(redis, key, { ttlMs: 10_000 });
+  const first = await holder.acquire();
+  const waiterClient = server.client();
+  try {
+    const waiter = new Lock(waiterClient, key, { ttlMs: 10_000, waitMs: 5_000 });
+    const granted = waiter.acquire();
+    await waitFor('the waiter to block', async () => Number((await server.admin.info('clients')).match(/blocked_clients:(\d+)/)[1]) >= 1);
+    await holder.release();
+    const fence = await granted;
+    assert.ok(fence > first);
+    await waiter.release();
+  } finally {
+    waiterClient.disconnect();
+  }
+});
+
+test('shared holders go together, a semaphore counts permits, a label shows in LOCK.WHO', async () => {
+  const key = freshKey();
+  const readers = [1, 2, 3].map(() => new Lock(redis, key, { ttlMs: 10_000, shared: true }));
+  for (const reader of readers) await reader.acquire();
+  assert.equal((await server.info(key)).holders, 3);
+  await assert.rejects(new Lock(redis, key, { ttlMs: 10_000 }).acquire(), LockNotAcquired);
+  for (const reader of readers) assert.equal(await reader.release(), true);
+  const sem = freshKey();
+  const permits = [1, 2].map(() => new Lock(redis, sem, { ttlMs: 10_000, limit: 2 }));
+  for (const permit of permits) await permit.acquire();
+  await assert.rejects(new Lock(redis, sem, { ttlMs: 10_000, limit: 2 }).acquire(), LockNotAcquired);
+  for (const permit of permits) await permit.release();
+  const labelled = new Lock(redis, key, { ttlMs: 10_000, label: 'host-7:pid-42' });
+  await labelled.acquire();
+  const who = await redis.call('LOCK.WHO', key);
+  const holders = who[who.indexOf('holders') + 1];
+  const holder = holders[0];
+  assert.equal(holder[holder.indexOf('label') + 1], 'host-7:pid-42');
+  await labelled.release();
+});
+
+test('the watchdog keeps the lease and sends nothing after release', async () => {
+  const key = freshKey();
+  const lock = new Lock(redis, key, { ttlMs: 300, watchdog: true });
+  await lock.acquire();
+  await new Promise((resolve) => setTimeout(resolve, 900));
+  assert.equal(lock.held, true);
+  assert.equal((await server.info(key)).state, 'held');
+  assert.equal(await lock.release(), true);
+  const renewals = await server.calls('lock.renew');
+  assert.ok(renewals >= 2, `${renewals} renewals`);
+  await new Promise((resolve) => setTimeout(resolve, 400));
+  assert.equal(await server.calls('lock.renew'), renewals, 'no renewal after release');
+});
+
+test('a lease that runs out is reported once, and a stale fence is refused by LOCK.GUARD', async () => {
+  const key = freshKey();
+  let calls = 0;
+  const stale = new Lock(redis, key, { ttlMs: 200, onLost: () => { calls += 1; } });
+  const oldFence = await stale.acquire();
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  const current = new Lock(redis, key, { ttlMs: 10_000 });
+  await current.acquire();
+  assert.equal(stale.lost, true);
+  assert.equal(stale.lost, true);
+  assert.equal(calls, 1, 'onLost exactly once');
+  await assert.rejects(stale.guarded('SET', `${key}:data`, 'stale'), LockLost);
+  await assert.rejects(redis.call('LOCK.GUARD', key, oldFence, 'SET', `${key}:data`, 'stale'), /^ReplyError: FENCED|FENCED/);
+  await current.guarded('SET', `${key}:data`, 'current');
+  assert.equal(await redis.get(`${key}:data`), 'current');
+  assert.equal(await stale.release(), false);
+  assert.equal(calls, 1);
+  await current.release();
+});
+
+test('settings that make no sense are refused before anything is sent', async () => {
+  const cases = [
+    [{ ttlMs: 0 }, 'ttl'], [{ ttlMs: 31_536_000_001 }, 'ttl'], [{ ttlMs: 1.5 }, 'ttl'],
+    [{ ttlMs: 2, watchdog: true }, 'watchdog-ttl'], [{ ttlMs: 1000, waitMs: -1 }, 'wait'],
+    [{ ttlMs: 1000, limit: 0 }, 'limit'], [{ ttlMs: 1000, shared: true, limit: 2 }, 'shared+limit'],
+    [{ ttlMs: 1000, label: 'two words' }, 'label'], [{ ttlMs: 1000, retry: {} }, 'retry'],
+  ];
+  const before = await server.calls('lock.acquire');
+  for (const [options, reason] of cases) {
+    assert.throws(() => new Lock(redis, freshKey(), options), (error) => error instanceof LockArgumentError && error.reason === reason, reason);
+  }
+  assert.throws(() => new RetryPolicy({ attempts: 0 }), (error) => error.reason === 'retry');
+  assert.equal(await server.calls('lock.acquire'), before);
+});
+
+test('a refused connection is a connection error: nothing was sent', async () => {
+  const Redis = require('ioredis');
+  const closed = new Redis({ host: '127.0.0.1', port: 1, maxRetriesPerRequest: 0, enableOfflineQueue: false, retryStrategy: () => null, lazyConnect: true });
+  closed.on('error', () => {});
+  try {
+    await assert.rejects(new Lock(closed, freshKey(), { ttlMs: 1000 }).acquire(), LockConnectionError);
+  } finally {
+    closed.disconnect();
+  }
+});
