@@ -5,7 +5,7 @@
 //! Locks are named by their value's id, with a tag of their key (see [`tag_of`]) for the one
 //! place a key must be named without its name: INFO.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
@@ -27,31 +27,37 @@ pub fn tag_text(tag: u64) -> String {
 #[derive(Default)]
 pub struct Ages {
     by_time: BTreeSet<(u64, u64)>,
-    /// Lock id -> (its oldest grant time, its key's tag).
-    of: BTreeMap<u64, (u64, u64)>,
+    /// Lock id -> (its oldest grant time, its key's tag): a hash map, since every change of a
+    /// lock looks its id up (made at the first use: a static needs a const constructor).
+    of: Option<HashMap<u64, (u64, u64)>>,
 }
 
 impl Ages {
     pub const fn new() -> Self {
         Ages {
             by_time: BTreeSet::new(),
-            of: BTreeMap::new(),
+            of: None,
         }
+    }
+
+    fn of(&mut self) -> &mut HashMap<u64, (u64, u64)> {
+        self.of.get_or_insert_with(HashMap::new)
     }
 
     /// Lock `id`'s oldest hold was granted at `since` (`None`: it has no hold whose grant
     /// time is known). `tag` is asked only for a lock not tracked yet.
     pub fn set(&mut self, id: u64, since: Option<u64>, tag: impl FnOnce() -> u64) {
-        match (self.of.get(&id).copied(), since) {
+        match (self.of().get(&id).copied(), since) {
             (Some((old, _)), Some(new)) if old == new => {}
             (Some((old, tag)), Some(new)) => {
                 self.by_time.remove(&(old, id));
                 self.by_time.insert((new, id));
-                self.of.insert(id, (new, tag));
+                self.of().insert(id, (new, tag));
             }
             (None, Some(new)) => {
                 self.by_time.insert((new, id));
-                self.of.insert(id, (new, tag()));
+                let tag = tag();
+                self.of().insert(id, (new, tag));
             }
             (Some(_), None) => self.forget(id),
             (None, None) => {}
@@ -60,13 +66,13 @@ impl Ages {
 
     /// Lock `id` now lives under the key with tag `tag` (RENAME, MOVE).
     pub fn retag(&mut self, id: u64, tag: u64) {
-        if let Some(entry) = self.of.get_mut(&id) {
+        if let Some(entry) = self.of().get_mut(&id) {
             entry.1 = tag;
         }
     }
 
     pub fn forget(&mut self, id: u64) {
-        if let Some((since, _)) = self.of.remove(&id) {
+        if let Some((since, _)) = self.of.as_mut().and_then(|of| of.remove(&id)) {
             self.by_time.remove(&(since, id));
         }
     }
@@ -74,20 +80,20 @@ impl Ages {
     /// The oldest hold's grant time and its key's tag.
     pub fn oldest(&self) -> Option<(u64, u64)> {
         let (since, id) = self.by_time.first()?;
-        Some((*since, self.of.get(id)?.1))
+        Some((*since, self.of.as_ref()?.get(id)?.1))
     }
 
     pub fn len(&self) -> usize {
-        self.of.len()
+        self.of.as_ref().map_or(0, HashMap::len)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.of.is_empty()
+        self.len() == 0
     }
 
     pub fn clear(&mut self) {
         self.by_time.clear();
-        self.of.clear();
+        self.of = None;
     }
 }
 

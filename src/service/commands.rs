@@ -26,7 +26,7 @@ use crate::service::change::{
 };
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
-use crate::service::holds::longholds;
+use crate::service::holds::{self, longholds};
 use crate::service::multi::{macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
@@ -473,22 +473,26 @@ fn applied(
     event: Event,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
-    let old_fence = match in_key_mut(key)? {
+    let (old_fence, created) = match in_key_mut(key)? {
         Some(stored) => {
             let old_fence = stored.lock().fence;
             stored.update(change)?;
-            old_fence
+            (old_fence, false)
         }
         None => {
             let mut lock = Lock::default();
             change(&mut lock)?;
             key.set_value(&LOCK_TYPE, Stored::new(lock))
                 .map_err(|_| LockError::internal("an applied lock could not be stored"))?;
-            0
+            (0, true)
         }
     };
     let stored =
         in_key_mut(key)?.ok_or(LockError::internal("an applied lock vanished from its key"))?;
+    if created {
+        // A new value has no age yet, whatever the event (announce skips renewals).
+        holds::follow(stored, key_name.as_slice());
+    }
     if !is_loading(ctx) {
         count_applied(event);
         let lock = stored.lock();

@@ -29,7 +29,11 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
         keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }
     leases::follow(ctx, stored, key.as_slice());
-    holds::follow(stored, key.as_slice());
+    // A renewal or a dropped reentrant hold keeps every grant, and so the oldest grant time:
+    // the ages index is left alone (a lookup in it costs more than the rest of a RENEW).
+    if !matches!(event, Event::Renew | Event::DropHold) {
+        holds::follow(stored, key.as_slice());
+    }
 }
 
 /// Tells the rest of the server that the lock under `key` was deleted by the module, as DEL
