@@ -4,8 +4,6 @@ use std::fmt;
 
 use redis_module::RedisError;
 
-use crate::lock::core::MAX_LABEL_LEN;
-
 /// One variant per reply a client may get; [`LockError::reply`] is the exact text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockError {
@@ -29,8 +27,10 @@ pub enum LockError {
         command: &'static str,
         expected: &'static str,
     },
-    /// A LABEL that is not printable ASCII without spaces, or too long.
-    BadLabel,
+    /// A LABEL that is not printable ASCII without spaces, or longer than `max` bytes.
+    BadLabel {
+        max: usize,
+    },
     TokenTooLong {
         max: i64,
     },
@@ -109,9 +109,9 @@ impl LockError {
             LockError::UnknownSubcommand { command, expected } => {
                 format!("ERR unknown subcommand or wrong number of arguments for {command} (expected {expected})")
             }
-            LockError::BadLabel => format!(
-                "ERR invalid label: printable ASCII without spaces, at most {MAX_LABEL_LEN} bytes"
-            ),
+            LockError::BadLabel { max } => {
+                format!("ERR invalid label: printable ASCII without spaces, at most {max} bytes")
+            }
             LockError::TokenTooLong { max } => {
                 format!("ERR invalid token: longer than lock.max-token-len ({max} bytes)")
             }

@@ -7,7 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
-use crate::lock::core::{valid_label, Mode, MAX_HOLDERS};
+use crate::lock::core::{valid_label, Mode, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -204,11 +204,14 @@ pub struct AcquireOptions {
     pub label: Option<Box<[u8]>>,
 }
 
+/// The refusal of a LABEL (also one with nothing after it).
+const BAD_LABEL: LockError = LockError::BadLabel { max: MAX_LABEL_LEN };
+
 /// `LABEL text`: printable ASCII without spaces, within `MAX_LABEL_LEN` bytes.
 fn label(arg: &RedisString) -> Result<Box<[u8]>, LockError> {
     let label = arg.as_slice();
     if label.is_empty() || !valid_label(label) {
-        return Err(LockError::BadLabel);
+        return Err(BAD_LABEL);
     }
     Ok(label.into())
 }
@@ -271,7 +274,7 @@ impl AcquireOptions {
             } else if word.eq_ignore_ascii_case(b"LABEL") {
                 once(&options.label, "LABEL")?;
                 let value = rest.next().map(|(_, value)| value);
-                options.label = Some(label(value.ok_or(LockError::BadLabel)?)?);
+                options.label = Some(label(value.ok_or(BAD_LABEL)?)?);
             } else {
                 return Err(unknown(
                     ctx,
