@@ -147,6 +147,23 @@ pub enum Nested {
     List(Vec<Nested>),
 }
 
+impl Nested {
+    /// An integer (saturating at `i64::MAX`).
+    pub fn int(value: impl TryInto<i64>) -> Nested {
+        Nested::Value(RedisValue::Integer(value.try_into().unwrap_or(i64::MAX)))
+    }
+
+    /// A bulk string.
+    pub fn bulk(value: &[u8]) -> Nested {
+        Nested::Value(RedisValue::StringBuffer(value.to_vec()))
+    }
+
+    /// A status word (`held`, `exclusive`).
+    pub fn word(value: &'static str) -> Nested {
+        Nested::Value(RedisValue::SimpleStringStatic(value))
+    }
+}
+
 /// Sends `reply` (the command then returns `NoReply`).
 pub fn reply_nested(ctx: &Context, reply: Nested) -> CommandResult {
     send_nested(ctx, reply);

@@ -123,6 +123,14 @@ pub struct LongHold {
     lock: u64,
 }
 
+impl LongHold {
+    /// The hold ended at `now`, `ending` says how: its time stays as it was then.
+    fn end(&mut self, ending: &'static str, now: u64) {
+        self.ended = Some(ending);
+        self.held_ms = Some(now.saturating_sub(self.since));
+    }
+}
+
 /// The long-hold log: newest first, at most `max` entries.
 #[derive(Default)]
 pub struct LongLog {
@@ -179,8 +187,7 @@ impl LongLog {
             .iter_mut()
             .find(|e| e.lock == lock && e.fence == fence && e.ended.is_none());
         if let Some(entry) = open {
-            entry.ended = Some(ending);
-            entry.held_ms = Some(now.saturating_sub(entry.since));
+            entry.end(ending, now);
         }
     }
 
@@ -188,8 +195,7 @@ impl LongLog {
     pub fn all_ended(&mut self, lock: u64, ending: &'static str, now: u64) {
         for entry in self.entries.iter_mut() {
             if entry.lock == lock && entry.ended.is_none() {
-                entry.ended = Some(ending);
-                entry.held_ms = Some(now.saturating_sub(entry.since));
+                entry.end(ending, now);
             }
         }
     }

@@ -59,12 +59,17 @@ pub struct Grant {
     pub who: Box<[u8]>,
 }
 
+/// The parts of a [`Grant::who`] text: address, name, label (each empty when missing). A
+/// connection's `addr name` alone splits into its address and name and an empty label.
+pub fn split_who(who: &[u8]) -> [&[u8]; 3] {
+    let mut parts = who.splitn(3, |b| *b == b' ');
+    let mut next = || parts.next().unwrap_or_default();
+    [next(), next(), next()]
+}
+
 impl Grant {
-    /// The three parts of [`Grant::who`].
     fn parts(&self) -> [&[u8]; 3] {
-        let mut parts = self.who.splitn(3, |b| *b == b' ');
-        let mut next = || parts.next().unwrap_or_default();
-        [next(), next(), next()]
+        split_who(&self.who)
     }
 
     pub fn addr(&self) -> &[u8] {
@@ -105,9 +110,9 @@ impl Grant {
     }
 
     /// This grant taken by `request` (a refresh from perhaps another connection): the
-    /// connection is the request's, the label too unless it gives none.
-    /// A refresh whose connection is not known (a script's) keeps the connection recorded
-    /// and changes only the label, if it gives one.
+    /// connection is the request's, the label too unless it gives none. A refresh whose
+    /// connection is not known (a script's) keeps the connection recorded and changes only the
+    /// label, if it gives one.
     fn refreshed_by(&mut self, request: &Request) {
         let label = if request.label.is_empty() {
             self.label().to_vec()
@@ -116,12 +121,8 @@ impl Grant {
         };
         if request.client == 0 || request.connection.is_empty() {
             if !request.label.is_empty() {
-                let connection = self
-                    .who
-                    .splitn(3, |b| *b == b' ')
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join(&b' ');
+                let [addr, name, _] = self.parts();
+                let connection = [addr, b" ", name].concat();
                 self.who = Grant::who_of(&connection, &label);
             }
             return;

@@ -18,6 +18,7 @@ use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
+use crate::lock::core::split_who;
 use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::metrics;
@@ -195,42 +196,23 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let entries = log()
         .newest(count)
         .map(|entry| {
-            let mut parts = entry.who.splitn(3, |b| *b == b' ');
-            let mut part = || {
-                Nested::Value(RedisValue::StringBuffer(
-                    parts.next().unwrap_or_default().to_vec(),
-                ))
-            };
-            let (addr, name, label) = (part(), part(), part());
-            let int =
-                |v: u64| Nested::Value(RedisValue::Integer(i64::try_from(v).unwrap_or(i64::MAX)));
+            let [addr, name, label] = split_who(&entry.who).map(Nested::bulk);
             Nested::Map(vec![
-                ("id", int(entry.id)),
-                ("time", int(entry.at / 1000)),
-                (
-                    "key",
-                    Nested::Value(RedisValue::StringBuffer(entry.key.to_vec())),
-                ),
-                (
-                    "tag",
-                    Nested::Value(RedisValue::StringBuffer(tag_text(entry.tag).into_bytes())),
-                ),
-                ("db", int(u64::try_from(entry.db).unwrap_or(0))),
+                ("id", Nested::int(entry.id)),
+                ("time", Nested::int(entry.at / 1000)),
+                ("key", Nested::bulk(&entry.key)),
+                ("tag", Nested::bulk(tag_text(entry.tag).as_bytes())),
+                ("db", Nested::int(entry.db)),
                 (
                     "held_ms",
-                    int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
+                    Nested::int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
                 ),
-                ("fence", int(entry.fence)),
+                ("fence", Nested::int(entry.fence)),
                 ("label", label),
-                ("client_id", int(entry.client)),
+                ("client_id", Nested::int(entry.client)),
                 ("client_name", name),
                 ("client_addr", addr),
-                (
-                    "ended",
-                    Nested::Value(RedisValue::SimpleStringStatic(
-                        entry.ended.unwrap_or("held"),
-                    )),
-                ),
+                ("ended", Nested::word(entry.ended.unwrap_or("held"))),
             ])
         })
         .collect();

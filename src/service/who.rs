@@ -8,24 +8,12 @@ use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::server::{is_connected_at, is_primary, now_ms};
 use crate::lock::ages::{tag_of, tag_text};
-use crate::lock::core::{Grant, Holder, Mode};
+use crate::lock::core::{split_who, Grant, Holder, Mode};
 use crate::lock::queues::{Kind, Waiter};
 use crate::service::args;
 use crate::service::handoff::fence_reply;
 use crate::service::value::in_key;
 use crate::service::waiters;
-
-fn int(value: impl TryInto<i64>) -> Nested {
-    Nested::Value(RedisValue::Integer(value.try_into().unwrap_or(i64::MAX)))
-}
-
-fn text(value: &[u8]) -> Nested {
-    Nested::Value(RedisValue::StringBuffer(value.to_vec()))
-}
-
-fn word(value: &'static str) -> Nested {
-    Nested::Value(RedisValue::SimpleStringStatic(value))
-}
 
 /// Milliseconds from `since` to now, for a wait.
 fn elapsed_ms(since: Instant) -> u64 {
@@ -56,18 +44,18 @@ fn holder_entry(
         i64::try_from(now.saturating_sub(grant.since)).unwrap_or(i64::MAX)
     };
     Nested::Map(vec![
-        ("mode", word(mode)),
-        ("fence", int(fence_reply(fence))),
-        ("held_ms", int(held)),
-        ("ttl", int(holder.deadline.saturating_sub(now))),
-        ("holds", int(holder.holds)),
-        ("session", int(holder.session)),
-        ("lock_delay", int(grant.delay)),
-        ("client_id", int(grant.client)),
-        ("client_name", text(grant.name())),
-        ("client_addr", text(grant.addr())),
-        ("label", text(grant.label())),
-        ("connected", int(connected(ctx, grant))),
+        ("mode", Nested::word(mode)),
+        ("fence", Nested::int(fence_reply(fence))),
+        ("held_ms", Nested::int(held)),
+        ("ttl", Nested::int(holder.deadline.saturating_sub(now))),
+        ("holds", Nested::int(holder.holds)),
+        ("session", Nested::int(holder.session)),
+        ("lock_delay", Nested::int(grant.delay)),
+        ("client_id", Nested::int(grant.client)),
+        ("client_name", Nested::bulk(grant.name())),
+        ("client_addr", Nested::bulk(grant.addr())),
+        ("label", Nested::bulk(grant.label())),
+        ("connected", Nested::int(connected(ctx, grant))),
     ])
 }
 
@@ -83,24 +71,22 @@ fn waiter_entry<H>(position: usize, waiter: &Waiter<H>) -> Option<Nested> {
         Mode::Shared => ("shared", 0),
         Mode::Permit(limit) => ("permit", limit),
     };
-    let mut parts = request.connection.splitn(2, |b| *b == b' ');
-    let addr = parts.next().unwrap_or_default();
-    let name = parts.next().unwrap_or_default();
+    let [addr, name, _] = split_who(&request.connection);
     let timeout = waiter.until.map_or(-1, |until| {
         let left = until.saturating_duration_since(Instant::now());
         i64::try_from(left.as_millis()).unwrap_or(i64::MAX)
     });
     Some(Nested::Map(vec![
-        ("position", int(position)),
-        ("mode", word(mode)),
-        ("limit", int(limit)),
-        ("client_id", int(request.client)),
-        ("client_name", text(name)),
-        ("client_addr", text(addr)),
-        ("label", text(&request.label)),
-        ("waited_ms", int(elapsed_ms(waiter.since))),
-        ("timeout_ms", int(timeout)),
-        ("keys", int(keys)),
+        ("position", Nested::int(position)),
+        ("mode", Nested::word(mode)),
+        ("limit", Nested::int(limit)),
+        ("client_id", Nested::int(request.client)),
+        ("client_name", Nested::bulk(name)),
+        ("client_addr", Nested::bulk(addr)),
+        ("label", Nested::bulk(&request.label)),
+        ("waited_ms", Nested::int(elapsed_ms(waiter.since))),
+        ("timeout_ms", Nested::int(timeout)),
+        ("keys", Nested::int(keys)),
     ]))
 }
 
@@ -180,16 +166,16 @@ pub fn who(ctx: &Context, args: &[RedisString]) -> CommandResult {
     reply_nested(
         ctx,
         Nested::Map(vec![
-            ("state", word(state)),
-            ("mode", word(mode)),
-            ("fence", int(fence_reply(fence))),
-            ("delay_ttl", int(delay_ttl)),
-            ("tag", text(tag_text(tag_of(&name)).as_bytes())),
-            ("holders_total", int(holders_total)),
+            ("state", Nested::word(state)),
+            ("mode", Nested::word(mode)),
+            ("fence", Nested::int(fence_reply(fence))),
+            ("delay_ttl", Nested::int(delay_ttl)),
+            ("tag", Nested::bulk(tag_text(tag_of(&name)).as_bytes())),
+            ("holders_total", Nested::int(holders_total)),
             ("holders", Nested::List(holders)),
-            ("waiters_total", int(queued)),
+            ("waiters_total", Nested::int(queued)),
             ("waiters", Nested::List(waiting)),
-            ("watchers", int(watchers)),
+            ("watchers", Nested::int(watchers)),
         ]),
     )
 }
