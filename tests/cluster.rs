@@ -194,13 +194,8 @@ fn slot_migration_carries_held_free_and_session_locks_intact() {
     assert_eq!(lock_field(&mut t, session, "session"), Reply::Int(1));
     // Who was granted it travels with it; its connection is on the old node, not here.
     let who = t.call(&["LOCK.WHO", session]);
-    let value_of = |pairs: &Reply, name: &str| -> Reply {
-        let items = pairs.items();
-        let at = items.iter().step_by(2).position(|f| f.text() == name);
-        items[at.expect(name) * 2 + 1].clone()
-    };
-    let holder = value_of(&who, "holders").items()[0].clone();
-    let field = |name: &str| match value_of(&holder, name) {
+    let holder = fields_map(&fields_map(&who)["holders"].items()[0]);
+    let field = |name: &str| match &holder[name] {
         Reply::Int(n) => n.to_string(),
         other => other.text(),
     };

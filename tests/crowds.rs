@@ -301,11 +301,7 @@ fn who_lists_a_crowd_of_waiters_bounded_by_count() {
     acquire(&mut c, "k", "holder", 600_000);
     let mut crowd = Crowd::gather(&socket, size, "LOCK.ACQUIRE k t{i} 1000 WAIT 0 LABEL w{i}");
     wait_crowd_blocked(&server, size);
-    let field = |reply: &Reply, name: &str| -> Reply {
-        let items = reply.items();
-        let at = items.iter().step_by(2).position(|f| f.text() == name);
-        items[at.expect(name) * 2 + 1].clone()
-    };
+    let field = |reply: &Reply, name: &str| fields_map(reply)[name].clone();
     // Without COUNT: the first ten, in queue order, and the total.
     let who = c.call(&["LOCK.WHO", "k"]);
     assert_eq!(field(&who, "waiters_total"), Reply::Int(size as i64));

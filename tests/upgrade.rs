@@ -40,14 +40,8 @@ fn module_version(c: &mut Conn) -> i64 {
 
 /// A field of LOCK.WHO's first holder.
 fn holder_field(c: &mut Conn, key: &str, name: &str) -> Reply {
-    let who = c.call(&["LOCK.WHO", key]);
-    let pairs = |reply: &Reply, name: &str| -> Reply {
-        let items = reply.items();
-        let at = items.iter().step_by(2).position(|f| f.text() == name);
-        items[at.unwrap_or_else(|| panic!("{name} in {reply:?}")) * 2 + 1].clone()
-    };
-    let holder = pairs(&who, "holders").items()[0].clone();
-    pairs(&holder, name)
+    let who = fields_map(&c.call(&["LOCK.WHO", key]));
+    fields_map(&who["holders"].items()[0])[name].clone()
 }
 
 /// Locks of every kind the previous release knows: held, reentrant, with lock-delay, shared, a

@@ -1,7 +1,7 @@
 //! COMMAND DOCS / INFO / GETKEYS for every lock command.
 
 use crate::common::*;
-use crate::{command_table, fields_of, texts};
+use crate::{command_table, texts};
 
 use std::collections::BTreeMap;
 
@@ -14,7 +14,7 @@ fn command_docs_describe_every_lock_command() {
         let items = reply.items();
         assert_eq!(items.len(), 2, "{name}: {reply:?}");
         assert_eq!(items[0].text(), name);
-        let doc = fields_of(&items[1]);
+        let doc = fields_map(&items[1]);
         assert!(!doc["summary"].text().is_empty(), "{name}");
         assert_eq!(doc["since"].text(), "0.1.0", "{name}");
         assert_eq!(doc["group"].text(), "module", "{name}");
@@ -25,7 +25,7 @@ fn command_docs_describe_every_lock_command() {
             "{name}"
         );
         let args: Vec<BTreeMap<String, Reply>> =
-            doc["arguments"].items().iter().map(fields_of).collect();
+            doc["arguments"].items().iter().map(fields_map).collect();
         let names: Vec<String> = args.iter().map(|a| a["name"].text()).collect();
         assert_eq!(names, arg_names, "{name}");
         assert_eq!(args[0]["type"].text(), "key", "{name}");
@@ -33,31 +33,31 @@ fn command_docs_describe_every_lock_command() {
     }
     // The options of LOCK.ACQUIRE are optional and introduced by their token.
     let reply = c.call(&["COMMAND", "DOCS", "lock.acquire"]);
-    let doc = fields_of(&reply.items()[1]);
-    let wait = fields_of(&doc["arguments"].items()[3]);
+    let doc = fields_map(&reply.items()[1]);
+    let wait = fields_map(&doc["arguments"].items()[3]);
     assert_eq!(wait["token"].text(), "WAIT");
     assert_eq!(wait["type"].text(), "integer");
     assert_eq!(texts(&wait["flags"]), ["optional"]);
     // SYNC takes two values: a block of numreplicas and timeout-ms.
-    let sync = fields_of(&doc["arguments"].items()[6]);
+    let sync = fields_map(&doc["arguments"].items()[6]);
     assert_eq!(sync["token"].text(), "SYNC");
     assert_eq!(sync["type"].text(), "block");
     assert_eq!(texts(&sync["flags"]), ["optional"]);
     let parts: Vec<String> = sync["arguments"]
         .items()
         .iter()
-        .map(|a| fields_of(a)["name"].text())
+        .map(|a| fields_map(a)["name"].text())
         .collect();
     assert_eq!(parts, ["numreplicas", "timeout-ms"]);
     // SHARED or LIMIT n: one of two.
-    let mode = fields_of(&doc["arguments"].items()[8]);
+    let mode = fields_map(&doc["arguments"].items()[8]);
     assert_eq!(mode["type"].text(), "oneof");
     assert_eq!(texts(&mode["flags"]), ["optional"]);
     let choices: Vec<(String, String)> = mode["arguments"]
         .items()
         .iter()
         .map(|a| {
-            let a = fields_of(a);
+            let a = fields_map(a);
             (a["token"].text(), a["type"].text())
         })
         .collect();
@@ -118,7 +118,7 @@ fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
 
         let specs = info[8].items();
         assert_eq!(specs.len(), 1, "{name}: {specs:?}");
-        let spec = fields_of(&specs[0]);
+        let spec = fields_map(&specs[0]);
         let key_flags = texts(&spec["flags"]);
         let (want, not) = if read_only {
             ("RO", "RW")
@@ -129,9 +129,9 @@ fn command_info_gives_arity_flags_key_specs_and_acl_categories() {
             key_flags.iter().any(|f| f == want) && !key_flags.iter().any(|f| f == not),
             "{name}: {key_flags:?}"
         );
-        let begin = fields_of(&spec["begin_search"]);
+        let begin = fields_map(&spec["begin_search"]);
         assert_eq!(begin["type"].text(), "index", "{name}");
-        assert_eq!(fields_of(&begin["spec"])["index"], Reply::Int(1), "{name}");
+        assert_eq!(fields_map(&begin["spec"])["index"], Reply::Int(1), "{name}");
     }
 }
 

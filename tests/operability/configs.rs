@@ -1,7 +1,6 @@
 //! The `lock.*` configs: defaults, bounds, module arguments, and commands from the primary.
 
 use crate::common::*;
-use crate::fields_of;
 
 fn config_get(c: &mut Conn, name: &str) -> String {
     let reply = c.call(&["CONFIG", "GET", name]);
@@ -22,7 +21,7 @@ fn configs_have_their_documented_defaults() {
     assert_eq!(config_get(&mut c, "lock.lock-delay"), "0");
     assert_eq!(config_get(&mut c, "lock.long-hold"), "0");
     assert_eq!(config_get(&mut c, "lock.long-hold-log-len"), "128");
-    let all = fields_of(&c.call(&["CONFIG", "GET", "lock.*"]));
+    let all = fields_map(&c.call(&["CONFIG", "GET", "lock.*"]));
     assert_eq!(
         all.keys().map(String::as_str).collect::<Vec<_>>(),
         [

@@ -172,10 +172,6 @@ fn error_text(reply: &Reply) -> &str {
 }
 
 /// A flat field/value array (RESP2) or a map (RESP3) as a map keyed by field name.
-fn fields_of(reply: &Reply) -> BTreeMap<String, Reply> {
-    fields_map(reply)
-}
-
 fn texts(reply: &Reply) -> Vec<String> {
     reply.items().iter().map(Reply::text).collect()
 }

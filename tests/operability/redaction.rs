@@ -1,7 +1,7 @@
 //! The token is redacted wherever the server shows commands.
 
 use crate::common::*;
-use crate::{fields_of, texts, TOKEN};
+use crate::{texts, TOKEN};
 
 const UNKNOWN_AT_4: &str =
     "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)";
@@ -137,7 +137,7 @@ fn commandlog_never_holds_the_token_where_the_server_has_one() {
         // Redis and Valkey before 8.1 have no COMMANDLOG (only SLOWLOG, tested above).
         return;
     }
-    let configs = fields_of(&c.call(&["CONFIG", "GET", "commandlog*"]));
+    let configs = fields_map(&c.call(&["CONFIG", "GET", "commandlog*"]));
     let threshold = configs
         .keys()
         .find(|name| name.contains("execution") || name.contains("slower-than"))
