@@ -653,3 +653,50 @@ fn holds_already_held_become_long_when_the_threshold_is_set_and_tags_survive_swa
     let short_tag = who(&mut c, &["short"])["tag"].text();
     assert!(oldest == tag || oldest == short_tag, "{oldest}");
 }
+
+#[test]
+fn the_oldest_hold_follows_releases_renames_reloads_and_flushes() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let oldest_tag = || server.info_field("lock", "lock_oldest_hold_tag").unwrap();
+    // Three grants in three different milliseconds, oldest first.
+    for key in ["first", "second", "third"] {
+        let before = now_ms();
+        acquire(&mut c, key, TOKEN, 600_000);
+        wait_for("the clock to move on", || {
+            (now_ms() > before + 1).then_some(())
+        });
+    }
+    let tag_of = |c: &mut Conn, key: &str| who(c, &[key])["tag"].text();
+    assert_eq!(oldest_tag(), tag_of(&mut c, "first"));
+    // A renewal keeps the grant time; a release of a younger hold changes nothing.
+    assert_eq!(
+        c.call(&["LOCK.RENEW", "first", TOKEN, "600000"]),
+        Reply::Int(1)
+    );
+    assert_eq!(c.call(&["LOCK.RELEASE", "second", TOKEN]), Reply::Int(1));
+    assert_eq!(oldest_tag(), tag_of(&mut c, "first"));
+    // Renamed, it keeps its age under its new name's tag, and through a reload.
+    assert_eq!(c.call(&["RENAME", "first", "renamed"]), Reply::status("OK"));
+    let renamed = tag_of(&mut c, "renamed");
+    assert_eq!(oldest_tag(), renamed);
+    let age = server.info_int("lock_oldest_hold_ms");
+    assert_eq!(c.call(&["DEBUG", "RELOAD"]), Reply::status("OK"));
+    assert_eq!(oldest_tag(), renamed);
+    assert!(server.info_int("lock_oldest_hold_ms") >= age);
+    // Released, the next oldest is the third; a copy of it is as old.
+    assert_eq!(c.call(&["LOCK.RELEASE", "renamed", TOKEN]), Reply::Int(1));
+    let third = tag_of(&mut c, "third");
+    assert_eq!(oldest_tag(), third);
+    assert_eq!(c.call(&["COPY", "third", "copied"]), Reply::Int(1));
+    assert_eq!(c.call(&["DEL", "third"]), Reply::Int(1));
+    assert_eq!(oldest_tag(), tag_of(&mut c, "copied"));
+    assert_eq!(c.call(&["FLUSHALL", "ASYNC"]), Reply::status("OK"));
+    wait_for("the flush to end every hold", || {
+        (server.info_int("lock_oldest_hold_ms") == 0).then_some(())
+    });
+    assert_eq!(oldest_tag(), "");
+    // New holds after the flush are tracked from scratch.
+    acquire(&mut c, "after", TOKEN, 600_000);
+    assert_eq!(oldest_tag(), tag_of(&mut c, "after"));
+}

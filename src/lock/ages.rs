@@ -5,7 +5,7 @@
 //! Locks are named by their value's id, with a tag of their key (see [`tag_of`]) for the one
 //! place a key must be named without its name: INFO.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
@@ -23,77 +23,230 @@ pub fn tag_text(tag: u64) -> String {
     format!("{tag:016x}")
 }
 
-/// The held locks by the grant time of their oldest hold.
+/// Where a lock is in [`Ages`]: a slot, valid while the node there still names the lock's id.
+pub type AgeSlot = u32;
+
+/// The held locks by the grant time of their oldest hold, so the oldest hold of the whole server
+/// is found at once.
+///
+/// A lock is a node in a slab, and each lock keeps its node's slot (see `Stored`), so a change
+/// reaches its node without a search. Grants arrive in time order, almost always: a node goes
+/// at the back of a list kept in time order, found by a short walk back from the tail when it
+/// is a little out of order. One further back (a lock loaded from a file, a clock stepped
+/// back, a shared lock whose oldest member left) goes into a small ordered set aside instead.
+/// The oldest hold is the earlier of the list's head and the set's first.
 #[derive(Default)]
 pub struct Ages {
-    by_time: BTreeSet<(u64, u64)>,
-    /// Lock id -> (its oldest grant time, its key's tag): a hash map, since every change of a
-    /// lock looks its id up (made at the first use: a static needs a const constructor).
-    of: Option<HashMap<u64, (u64, u64)>>,
+    nodes: Vec<Node>,
+    /// Free slots, chained through `next`.
+    free: u32,
+    head: u32,
+    tail: u32,
+    aside: BTreeSet<(u64, AgeSlot)>,
+    len: usize,
 }
+
+/// No slot.
+const NONE: u32 = u32::MAX;
+
+/// How far back from the tail a node looks for its place before it is set aside.
+const WALK: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Node {
+    /// The lock's oldest grant time.
+    since: u64,
+    /// Its key's tag.
+    tag: u64,
+    /// The lock's id (0: a free slot): a slot kept by a value after [`Ages::clear`] names
+    /// another lock, and changes nothing.
+    id: u64,
+    /// In the list: its neighbours (`NONE` at the ends); set aside: `prev` is `ASIDE`. A free
+    /// slot: `next` chains the free list.
+    prev: u32,
+    next: u32,
+}
+
+/// `prev` of a node set aside.
+const ASIDE: u32 = u32::MAX - 1;
 
 impl Ages {
     pub const fn new() -> Self {
         Ages {
-            by_time: BTreeSet::new(),
-            of: None,
+            nodes: Vec::new(),
+            free: NONE,
+            head: NONE,
+            tail: NONE,
+            aside: BTreeSet::new(),
+            len: 0,
         }
     }
 
-    fn of(&mut self) -> &mut HashMap<u64, (u64, u64)> {
-        self.of.get_or_insert_with(HashMap::new)
-    }
-
-    /// Lock `id`'s oldest hold was granted at `since` (`None`: it has no hold whose grant
-    /// time is known). `tag` is asked only for a lock not tracked yet.
-    pub fn set(&mut self, id: u64, since: Option<u64>, tag: impl FnOnce() -> u64) {
-        match (self.of().get(&id).copied(), since) {
-            (Some((old, _)), Some(new)) if old == new => {}
-            (Some((old, tag)), Some(new)) => {
-                self.by_time.remove(&(old, id));
-                self.by_time.insert((new, id));
-                self.of().insert(id, (new, tag));
+    /// Lock `id`, at `slot` (if it has one), now has `since` as its oldest grant time (`None`:
+    /// no hold whose grant time is known). Returns its slot from now on. `tag` is asked only
+    /// for a lock not tracked yet.
+    pub fn set(
+        &mut self,
+        id: u64,
+        slot: Option<AgeSlot>,
+        since: Option<u64>,
+        tag: impl FnOnce() -> u64,
+    ) -> Option<AgeSlot> {
+        let slot = slot.filter(|slot| self.owns(*slot, id));
+        match (slot, since) {
+            (Some(slot), Some(since)) => {
+                let node = self.nodes[slot as usize];
+                if node.since != since {
+                    self.unlink(slot);
+                    self.nodes[slot as usize].since = since;
+                    self.link(slot);
+                }
+                Some(slot)
             }
-            (None, Some(new)) => {
-                self.by_time.insert((new, id));
-                let tag = tag();
-                self.of().insert(id, (new, tag));
+            (None, Some(since)) => {
+                let node = Node {
+                    since,
+                    tag: tag(),
+                    id,
+                    prev: NONE,
+                    next: NONE,
+                };
+                let slot = self.allocate(node)?;
+                self.link(slot);
+                self.len += 1;
+                Some(slot)
             }
-            (Some(_), None) => self.forget(id),
-            (None, None) => {}
+            (Some(slot), None) => {
+                self.release(slot);
+                None
+            }
+            (None, None) => None,
         }
     }
 
-    /// Lock `id` now lives under the key with tag `tag` (RENAME, MOVE).
-    pub fn retag(&mut self, id: u64, tag: u64) {
-        if let Some(entry) = self.of().get_mut(&id) {
-            entry.1 = tag;
+    /// Lock `id`, at `slot`, now lives under the key with tag `tag` (RENAME, MOVE).
+    pub fn retag(&mut self, id: u64, slot: Option<AgeSlot>, tag: u64) {
+        if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {
+            self.nodes[slot as usize].tag = tag;
         }
     }
 
-    pub fn forget(&mut self, id: u64) {
-        if let Some((since, _)) = self.of.as_mut().and_then(|of| of.remove(&id)) {
-            self.by_time.remove(&(since, id));
+    /// Lock `id` is gone; `slot` was its slot.
+    pub fn forget(&mut self, id: u64, slot: Option<AgeSlot>) {
+        if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {
+            self.release(slot);
         }
     }
 
     /// The oldest hold's grant time and its key's tag.
     pub fn oldest(&self) -> Option<(u64, u64)> {
-        let (since, id) = self.by_time.first()?;
-        Some((*since, self.of.as_ref()?.get(id)?.1))
+        let listed = self.node(self.head).map(|n| (n.since, n.tag));
+        let aside = self
+            .aside
+            .first()
+            .and_then(|(_, slot)| self.node(*slot))
+            .map(|n| (n.since, n.tag));
+        match (listed, aside) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.of.as_ref().map_or(0, HashMap::len)
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
+    /// Forgets every lock (their values' slots then name nothing, or a later lock: see
+    /// [`Node::id`]).
     pub fn clear(&mut self) {
-        self.by_time.clear();
-        self.of = None;
+        *self = Ages::new();
+    }
+
+    fn node(&self, slot: u32) -> Option<&Node> {
+        self.nodes.get(slot as usize)
+    }
+
+    fn owns(&self, slot: AgeSlot, id: u64) -> bool {
+        self.node(slot).is_some_and(|n| n.id == id && id != 0)
+    }
+
+    /// A slot for `node`: a free one, or a new one (`None` only when 2^32 - 2 are in use).
+    fn allocate(&mut self, node: Node) -> Option<AgeSlot> {
+        if self.free != NONE {
+            let slot = self.free;
+            self.free = self.nodes[slot as usize].next;
+            self.nodes[slot as usize] = node;
+            return Some(slot);
+        }
+        let slot = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|s| *s < ASIDE)?;
+        self.nodes.push(node);
+        Some(slot)
+    }
+
+    fn release(&mut self, slot: AgeSlot) {
+        self.unlink(slot);
+        let node = &mut self.nodes[slot as usize];
+        node.id = 0;
+        node.next = self.free;
+        self.free = slot;
+        self.len -= 1;
+    }
+
+    /// Puts the node at `slot` (not linked) in its place by its time.
+    fn link(&mut self, slot: AgeSlot) {
+        let since = self.nodes[slot as usize].since;
+        // The last node no later than it, a few steps back from the tail at most.
+        let mut after = self.tail;
+        let mut steps = 0;
+        while let Some(prev) = self.node(after).filter(|n| n.since > since).map(|n| n.prev) {
+            steps += 1;
+            if steps > WALK {
+                self.nodes[slot as usize].prev = ASIDE;
+                self.aside.insert((since, slot));
+                return;
+            }
+            after = prev;
+        }
+        let next = match self.node(after) {
+            Some(node) => node.next,
+            None => self.head,
+        };
+        let node = &mut self.nodes[slot as usize];
+        node.prev = after;
+        node.next = next;
+        match self.nodes.get_mut(after as usize) {
+            Some(before) => before.next = slot,
+            None => self.head = slot,
+        }
+        match self.nodes.get_mut(next as usize) {
+            Some(later) => later.prev = slot,
+            None => self.tail = slot,
+        }
+    }
+
+    /// Takes the node at `slot` out of the list or the set aside.
+    fn unlink(&mut self, slot: AgeSlot) {
+        let Node {
+            since, prev, next, ..
+        } = self.nodes[slot as usize];
+        if prev == ASIDE {
+            self.aside.remove(&(since, slot));
+            return;
+        }
+        match self.nodes.get_mut(prev as usize) {
+            Some(before) => before.next = next,
+            None => self.head = next,
+        }
+        match self.nodes.get_mut(next as usize) {
+            Some(later) => later.prev = prev,
+            None => self.tail = prev,
+        }
     }
 }
 
@@ -232,21 +385,73 @@ mod tests {
     fn the_oldest_hold_is_first_and_follows_changes() {
         let mut ages = Ages::new();
         assert_eq!(ages.oldest(), None);
-        ages.set(1, Some(500), || 11);
-        ages.set(2, Some(300), || 22);
-        ages.set(3, None, || 33);
+        let one = ages.set(1, None, Some(500), || 11);
+        let two = ages.set(2, None, Some(300), || 22);
+        assert_eq!(ages.set(3, None, None, || 33), None);
         assert_eq!(ages.oldest(), Some((300, 22)));
         assert_eq!(ages.len(), 2);
-        // The tag is kept; the time moves.
-        ages.set(2, Some(700), || 99);
+        // The tag is kept; the time moves; the slot stays.
+        assert_eq!(ages.set(2, two, Some(700), || 99), two);
         assert_eq!(ages.oldest(), Some((500, 11)));
-        ages.retag(1, 44);
+        ages.retag(1, one, 44);
         assert_eq!(ages.oldest(), Some((500, 44)));
-        ages.set(1, None, || 0);
+        assert_eq!(ages.set(1, one, None, || 0), None);
         assert_eq!(ages.oldest(), Some((700, 22)));
-        ages.forget(2);
+        ages.forget(2, two);
         assert!(ages.is_empty());
         assert_eq!(ages.oldest(), None);
+    }
+
+    #[test]
+    fn grants_out_of_order_keep_the_oldest_first() {
+        let mut ages = Ages::new();
+        // In order, a little out of order (found by the walk back), far out of order (aside).
+        let mut slots = Vec::new();
+        for (id, since) in (1..=40).map(|i| (i, 1000 + i * 10)) {
+            slots.push((id, ages.set(id, None, Some(since), || id)));
+        }
+        let near = ages.set(41, None, Some(1395), || 41);
+        let far = ages.set(42, None, Some(1001), || 42);
+        assert_eq!(ages.aside.len(), 1);
+        assert_eq!(ages.len(), 42);
+        assert_eq!(ages.oldest(), Some((1001, 42)));
+        ages.forget(42, far);
+        assert_eq!(ages.oldest(), Some((1010, 1)));
+        // Taken in any order, the oldest left is always first.
+        for (id, slot) in slots.iter().step_by(2) {
+            ages.forget(*id, *slot);
+        }
+        assert_eq!(ages.oldest(), Some((1020, 2)));
+        assert_eq!(ages.set(41, near, Some(1005), || 0), near);
+        assert_eq!(ages.oldest(), Some((1005, 41)));
+        let order: Vec<u64> = std::iter::successors(ages.node(ages.head).copied(), |n| {
+            ages.node(n.next).copied()
+        })
+        .map(|n| n.since)
+        .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted);
+        assert_eq!(order.len() + ages.aside.len(), ages.len());
+    }
+
+    #[test]
+    fn a_slot_names_its_lock_only_while_it_has_it() {
+        let mut ages = Ages::new();
+        let old = ages.set(1, None, Some(100), || 1);
+        ages.forget(1, old);
+        // The slot is reused by lock 2; lock 1's stale slot changes nothing.
+        let new = ages.set(2, None, Some(200), || 2);
+        assert_eq!(new, old);
+        ages.forget(1, old);
+        assert_eq!(ages.set(1, old, None, || 0), None);
+        ages.retag(1, old, 9);
+        assert_eq!(ages.oldest(), Some((200, 2)));
+        // After a clear, the values' old slots name nothing.
+        ages.clear();
+        assert_eq!(ages.set(2, new, Some(300), || 3), Some(0));
+        assert_eq!(ages.len(), 1);
+        assert_eq!(ages.oldest(), Some((300, 3)));
     }
 
     #[test]

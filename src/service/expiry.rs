@@ -106,20 +106,17 @@ pub fn index_key(ctx: &Context, key: &[u8]) {
 pub fn rebuild(ctx: &Context) {
     let original_db = selected_db(ctx);
     let mut found = Vec::new();
-    let mut ages = Vec::new();
     let mut db = 0;
+    holds::clear();
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
             if let Some(at) = stored.index_afresh() {
                 found.push((at, db, stored.id(), key.into()));
             }
-            if let Some(since) = stored.lock().oldest_grant() {
-                ages.push((stored.id(), since, key.into()));
-            }
+            holds::rebuilt(stored, key);
         });
         db += 1;
     }
     select_db(ctx, original_db);
     leases::replace(ctx, found);
-    holds::replace(ages);
 }

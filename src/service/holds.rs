@@ -23,7 +23,7 @@ use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::metrics;
 use crate::service::leases;
-use crate::service::value::Stored;
+use crate::service::value::{Entries, Stored};
 
 static AGES: Mutex<Ages> = Mutex::new(Ages::new());
 static LOG: Mutex<LongLog> = Mutex::new(LongLog::new());
@@ -53,33 +53,44 @@ fn log_len() -> usize {
 /// After a change of the lock `stored` under `key`: its oldest hold.
 pub fn follow(stored: &Stored, key: &[u8]) {
     let since = stored.lock().oldest_grant();
-    ages().set(stored.id(), since, || tag_of(key));
+    let slot = ages().set(stored.id(), stored.age_slot(), since, || tag_of(key));
+    stored.set_age_slot(slot);
 }
 
 /// The lock `stored` arrived under `key` (RENAME, MOVE, COPY, RESTORE).
 pub fn arrived(stored: &Stored, key: &[u8]) {
     let tag = tag_of(key);
     let mut ages = ages();
-    ages.retag(stored.id(), tag);
-    ages.set(stored.id(), stored.lock().oldest_grant(), || tag);
+    ages.retag(stored.id(), stored.age_slot(), tag);
+    let slot = ages.set(
+        stored.id(),
+        stored.age_slot(),
+        stored.lock().oldest_grant(),
+        || tag,
+    );
+    stored.set_age_slot(slot);
 }
 
-/// After loading: the ages of every lock found (`(id, oldest grant, key)`).
-pub fn replace(found: impl IntoIterator<Item = (u64, u64, Box<[u8]>)>) {
+/// Before loading's rebuild ([`rebuilt`] for each lock found): no lock has an age.
+pub fn clear() {
     INDEXED_THRESHOLD.store(config::LONG_HOLD.get(), Ordering::Relaxed);
-    let mut ages = ages();
-    ages.clear();
-    for (id, since, key) in found {
-        ages.set(id, Some(since), || tag_of(&key));
-    }
+    ages().clear();
+}
+
+/// After loading: the lock `stored` under `key` was found.
+pub fn rebuilt(stored: &Stored, key: &[u8]) {
+    let slot = ages().set(stored.id(), None, stored.lock().oldest_grant(), || {
+        tag_of(key)
+    });
+    stored.set_age_slot(slot);
 }
 
 /// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
 /// its logged long holds (`had_long`: it had some) end as deleted. Also takes its lease index
 /// entries out.
-pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>, had_long: bool) {
-    leases::forget(id, at, queued);
-    ages().forget(id);
+pub fn forget(id: u64, entries: Entries, had_long: bool) {
+    leases::forget(id, entries.at, entries.queued);
+    ages().forget(id, entries.age);
     if had_long {
         log().all_ended(id, "deleted", now_ms());
     }

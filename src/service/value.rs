@@ -18,6 +18,7 @@ use crate::error::LockError;
 use crate::host;
 use crate::host::server::now_ms;
 use crate::host::value::{Digest, Rdb, ValueType};
+use crate::lock::ages::AgeSlot;
 use crate::lock::codec::{self, Sink, Source};
 use crate::lock::core::{Grant, Lock};
 use crate::lock::event::Event;
@@ -30,11 +31,21 @@ pub const APPLY: &CStr = c"LOCK.APPLY";
 /// The next lock id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// What takes a value's entries out of the lease index (and the ages of holds) when the value is
-/// freed: its id, the time of its B-tree entry, the time of its queued reclaim, whether it had
-/// long holds. Installed at load (those are layers above); it may be called from a lazy-free
-/// thread.
-pub type ForgetEntries = fn(u64, Option<u64>, Option<u64>, bool);
+/// A freed value's entries in the lease index and the ages of holds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Entries {
+    /// The time of its B-tree entry.
+    pub at: Option<u64>,
+    /// The time of its queued reclaim.
+    pub queued: Option<u64>,
+    /// Its slot in the ages.
+    pub age: Option<AgeSlot>,
+}
+
+/// What takes a value's entries out of the lease index and the ages of holds when the value is
+/// freed: its id, its entries, whether it had long holds. Installed at load (those are layers
+/// above); it may be called from a lazy-free thread.
+pub type ForgetEntries = fn(u64, Entries, bool);
 
 static FORGET_ENTRIES: OnceLock<ForgetEntries> = OnceLock::new();
 
@@ -55,34 +66,60 @@ pub struct Stored {
     /// epoch). A lock is one or the other, so one field serves both (see [`Stored::reclaim_at`]) and
     /// the value stays within 96 bytes.
     since_or_reclaim: Option<Moment>,
-    /// For a free lock in a lock-delay: when the delay ends and its waiters are to be served
-    /// (ms since the epoch; in memory only, derived from the lock).
-    wake_at: Option<Moment>,
-    /// Where this lock is in the lease index (see [`Stored::index_plan`]). A `Cell`: the index
+    /// Where this lock is in the lease index (see [`Stored::index_plan`]), and whether the
+    /// waiters of a free lock in a lock-delay are to be served when it ends. A `Cell`: the index
     /// is kept from shared borrows too.
     index_mark: Cell<IndexMark>,
+    /// Its slot in the ages of holds plus 1 (0: none; see `Ages`), kept by `holds`.
+    age: Cell<u32>,
 }
 
 /// A lock's entries in the lease index: the time of its entry in the B-tree (0: none), and in
 /// the top bit whether a reclaim of it is queued. Entries may come due early (a look at the
-/// lock, which then gets a new one), never late.
+/// lock, which then gets a new one), never late. The next bit: a free lock's lock-delay, until
+/// `Lock::delayed_until`, is to wake its waiters when it ends (in memory only, derived from
+/// the lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct IndexMark(u64);
 
 impl IndexMark {
     const QUEUED: u64 = 1 << 63;
+    const WAKE: u64 = 1 << 62;
+    const AT: u64 = !(Self::QUEUED | Self::WAKE);
 
     fn at(self) -> Option<u64> {
-        Some(self.0 & !Self::QUEUED).filter(|at| *at != 0)
+        Some(self.0 & Self::AT).filter(|at| *at != 0)
     }
 
     fn queued(self) -> bool {
         self.0 & Self::QUEUED != 0
     }
 
+    fn wake(self) -> bool {
+        self.0 & Self::WAKE != 0
+    }
+
+    /// True when it names an entry in the index.
+    fn has_entries(self) -> bool {
+        self.at().is_some() || self.queued()
+    }
+
+    /// No entry in the index (the wake-up stays).
+    fn without_entries(self) -> Self {
+        IndexMark(self.0 & Self::WAKE)
+    }
+
     fn with_at(self, at: Option<u64>) -> Self {
-        let at = at.map_or(0, |at| at.clamp(1, !Self::QUEUED));
-        IndexMark((self.0 & Self::QUEUED) | at)
+        let at = at.map_or(0, |at| at.clamp(1, Self::AT));
+        IndexMark((self.0 & !Self::AT) | at)
+    }
+
+    fn with_wake(self, wake: bool) -> Self {
+        IndexMark(if wake {
+            self.0 | Self::WAKE
+        } else {
+            self.0 & !Self::WAKE
+        })
     }
 
     fn with_queued(self, queued: bool) -> Self {
@@ -134,8 +171,8 @@ impl Stored {
             lock,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             since_or_reclaim: reclaim_at,
-            wake_at: None,
             index_mark: Cell::new(IndexMark::default()),
+            age: Cell::new(0),
         };
         stored.follow_delay(now);
         stored
@@ -145,19 +182,26 @@ impl Stored {
     /// are looked at when it ends, and the lock (with the delay) is not deleted before.
     fn follow_delay(&mut self, now: u64) {
         let until = self.lock.delayed_until;
-        if !self.lock.has_holders() && until > now {
-            self.wake_at = Some(moment(until));
+        let wake = !self.lock.has_holders() && until > now;
+        if wake {
             self.since_or_reclaim = self.since_or_reclaim.map(|at| at.max(moment(until)));
-        } else {
-            self.wake_at = None;
         }
+        self.index_mark.set(self.index_mark.get().with_wake(wake));
+    }
+
+    /// For a free lock in a lock-delay: when the delay ends and its waiters are to be served.
+    fn wake_at(&self) -> Option<u64> {
+        self.index_mark
+            .get()
+            .wake()
+            .then_some(self.lock.delayed_until)
     }
 
     /// True (once) when the lock-delay of this free lock has ended by `now`: its waiters may be
     /// served.
     pub fn take_wake(&mut self, now: u64) -> bool {
-        if self.wake_at.is_some_and(|at| at.get() <= now) {
-            self.wake_at = None;
+        if self.wake_at().is_some_and(|at| at <= now) {
+            self.index_mark.set(self.index_mark.get().with_wake(false));
             return true;
         }
         false
@@ -174,6 +218,16 @@ impl Stored {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Its slot in the ages of holds, if it has one.
+    pub fn age_slot(&self) -> Option<AgeSlot> {
+        self.age.get().checked_sub(1)
+    }
+
+    /// Its slot in the ages of holds is now `slot`.
+    pub fn set_age_slot(&self, slot: Option<AgeSlot>) {
+        self.age.set(slot.map_or(0, |slot| slot.saturating_add(1)));
     }
 
     /// A free lock: when it may be reclaimed.
@@ -196,7 +250,7 @@ impl Stored {
         }
         // Due for reclaim only: its reclaim time never goes back while it stays free, so a
         // queued reclaim is still in time.
-        if !self.lock.has_holders() && self.wake_at.is_none() {
+        if !self.lock.has_holders() && self.wake_at().is_none() {
             if mark.queued() {
                 return IndexPlan::Keep;
             }
@@ -218,7 +272,8 @@ impl Stored {
     /// adds (rebuilding the index after loading); that time, or `None` when nothing is due.
     pub fn index_afresh(&self) -> Option<u64> {
         let at = self.index_time();
-        self.index_mark.set(IndexMark::default().with_at(at));
+        self.index_mark
+            .set(self.index_mark.get().without_entries().with_at(at));
         at
     }
 
@@ -245,7 +300,7 @@ impl Stored {
         self.index_mark.set(if queued {
             mark.with_queued(false)
         } else {
-            IndexMark::default()
+            mark.without_entries()
         });
     }
 
@@ -273,7 +328,7 @@ impl Stored {
     /// held (or earlier, when a hold becomes a long hold), the reclaim time when free.
     pub fn due(&self) -> Option<u64> {
         let reclaim_at = self.reclaim_at().map(NonZeroU64::get);
-        match (self.lock.next_deadline(), self.wake_at.map(NonZeroU64::get)) {
+        match (self.lock.next_deadline(), self.wake_at()) {
             (Some(deadline), _) => Some(match self.lock.long_due(config::long_hold()) {
                 Some(long) => long.min(deadline),
                 None => deadline,
@@ -336,10 +391,15 @@ impl Drop for Stored {
             metrics::HELD.add(-1);
         }
         let mark = self.index_mark.get();
-        if mark != IndexMark::default() || self.lock.has_holders() {
+        if mark.has_entries() || self.age_slot().is_some() || self.lock.has_holders() {
             if let Some(forget) = FORGET_ENTRIES.get() {
                 let had_long = self.lock.all_holders().any(|(_, h)| h.long);
-                forget(self.id, mark.at(), self.queued_reclaim(), had_long);
+                let entries = Entries {
+                    at: mark.at(),
+                    queued: self.queued_reclaim(),
+                    age: self.age_slot(),
+                };
+                forget(self.id, entries, had_long);
             }
         }
     }
