@@ -42,6 +42,33 @@ fn a_released_lock_is_reclaimed_after_the_tombstone_ttl_and_fences_still_grow() 
 }
 
 #[test]
+fn a_released_lock_keeps_one_index_entry_its_reclaim() {
+    let server = server_with_tombstone_ttl("60000");
+    let mut c = server.conn();
+    let entries = || server.info_int("lock_index_entries");
+    for key in ["a", "b", "c"] {
+        acquire(&mut c, key, "t", 3_600_000);
+    }
+    assert_eq!(entries(), 3);
+    // Released: the lease's entry becomes the reclaim's, for each.
+    for key in ["a", "b"] {
+        assert_eq!(c.call(&["LOCK.RELEASE", key, "t"]), Reply::Int(1));
+    }
+    assert_eq!(entries(), 3);
+    // Taken again while its reclaim is queued: one more entry for the lease; released and
+    // taken again after that, none.
+    acquire(&mut c, "a", "t", 3_600_000);
+    assert_eq!(entries(), 4);
+    assert_eq!(c.call(&["LOCK.RELEASE", "a", "t"]), Reply::Int(1));
+    acquire(&mut c, "a", "t", 3_600_000);
+    assert_eq!(entries(), 4);
+    // Deleted: their entries go with them, but for the reclaim of "a" that a new hold took
+    // over, which stays until its time (then finds nothing to do).
+    assert_eq!(c.call(&["DEL", "a", "b", "c"]), Reply::Int(3));
+    assert_eq!(entries(), 1);
+}
+
+#[test]
 fn with_tombstone_ttl_zero_release_expiry_and_forcerelease_delete_at_once() {
     let server = server_with_tombstone_ttl("0");
     let mut c = server.conn();

@@ -210,12 +210,18 @@ impl LeaseIndex {
     }
 
     /// Queues a reclaim of lock `id` under `key` in `db` at `at`, when no queued one is later;
-    /// false (and nothing queued) otherwise.
-    pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8]) -> bool {
+    /// false (and nothing queued) otherwise. Its B-tree entry at `tree`, if it has one, is no
+    /// longer needed (the reclaim is all that is due) and leaves the tree: the queued reclaim
+    /// takes its copy of the key name.
+    pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8], tree: Option<u64>) -> bool {
         if self.queue.back().is_some_and(|last| last.at > at) {
             return false;
         }
-        let place = self.place(db, key);
+        let handle = self.handle(db);
+        let place = match tree.and_then(|tree| self.entries.remove(&(tree, id))) {
+            Some(place) if place.handle == handle && *place.key == *key => place,
+            _ => self.place(db, key),
+        };
         self.queue.push_back(Reclaim { at, id, place });
         true
     }
@@ -335,10 +341,10 @@ mod tests {
     fn queued_reclaims_and_tree_entries_come_due_in_one_order() {
         let mut index = LeaseIndex::new();
         index.insert(20, 0, 1, b"held");
-        assert!(index.queue(10, 0, 2, b"early"));
-        assert!(index.queue(30, 0, 3, b"late"));
+        assert!(index.queue(10, 0, 2, b"early", None));
+        assert!(index.queue(30, 0, 3, b"late", None));
         // Earlier than the back: refused, left to the tree.
-        assert!(!index.queue(25, 0, 4, b"refused"));
+        assert!(!index.queue(25, 0, 4, b"refused", None));
         assert_eq!(index.len(), 3);
         assert_eq!(index.first_due(), Some(10));
         assert_eq!(index.pop_due(5), None);
@@ -355,7 +361,7 @@ mod tests {
         let mut index = LeaseIndex::new();
         let n = 3 * CHUNK as u64 + 7;
         for i in 0..n {
-            assert!(index.queue(i, 0, i, b"k"));
+            assert!(index.queue(i, 0, i, b"k", None));
         }
         assert_eq!(index.queue.chunks.len(), 4);
         index.forget_db(Some(1));
@@ -375,17 +381,17 @@ mod tests {
     #[test]
     fn flushes_and_swaps_reach_the_queue() {
         let mut index = LeaseIndex::new();
-        assert!(index.queue(1, 0, 1, b"zero"));
-        assert!(index.queue(2, 5, 2, b"five"));
-        assert!(index.queue(3, 7, 3, b"seven"));
+        assert!(index.queue(1, 0, 1, b"zero", None));
+        assert!(index.queue(2, 5, 2, b"five", None));
+        assert!(index.queue(3, 7, 3, b"seven", None));
         index.swap_dbs(0, 7);
         index.forget_db(Some(5));
         assert_eq!(index.pop_due(10), Some(queued(7, 1, "zero")));
         assert_eq!(index.pop_due(10), Some(queued(0, 3, "seven")));
-        assert!(index.queue(4, 0, 4, b"k"));
+        assert!(index.queue(4, 0, 4, b"k", None));
         index.forget_db(None);
         assert!(index.is_empty());
-        assert!(index.queue(1, 0, 5, b"after a flush, any time"));
+        assert!(index.queue(1, 0, 5, b"after a flush, any time", None));
     }
 
     #[test]
@@ -395,10 +401,10 @@ mod tests {
         index.insert(50, 0, 2, b"other");
         // Many reclaims at one time, across chunks: the one of lock 7 is found among them.
         for id in 100..100 + 2 * CHUNK as u64 {
-            assert!(index.queue(60, 0, id, b"released"));
+            assert!(index.queue(60, 0, id, b"released", None));
         }
-        assert!(index.queue(60, 0, 7, b"released"));
-        assert!(index.queue(70, 0, 8, b"later"));
+        assert!(index.queue(60, 0, 7, b"released", None));
+        assert!(index.queue(70, 0, 8, b"later", None));
         assert!(!index.forget(1, Some(50), None));
         assert!(index.forget(7, None, Some(60)));
         // Not there (any more): nothing else goes.
@@ -412,6 +418,24 @@ mod tests {
         assert!(index.forget(8, None, Some(70)));
         assert!(index.is_empty());
         assert!(index.queue.chunks.is_empty());
+    }
+
+    #[test]
+    fn a_queued_reclaim_takes_the_place_of_the_b_tree_entry() {
+        let mut index = LeaseIndex::new();
+        index.insert(500, 0, 1, b"released");
+        index.insert(600, 0, 2, b"held");
+        assert!(index.queue(100, 0, 1, b"released", Some(500)));
+        assert_eq!(index.len(), 2);
+        assert_eq!(index.pop_due(1000), Some(queued(0, 1, "released")));
+        assert_eq!(index.pop_due(1000), Some(due(0, 2, "held")));
+        // Refused (a later one is queued): the B-tree entry stays.
+        index.insert(500, 0, 3, b"refused");
+        assert!(index.queue(200, 0, 4, b"later", None));
+        assert!(!index.queue(150, 0, 3, b"refused", Some(500)));
+        assert_eq!(index.pop_due(1000), Some(queued(0, 4, "later")));
+        assert_eq!(index.pop_due(1000), Some(due(0, 3, "refused")));
+        assert!(index.is_empty());
     }
 
     #[test]

@@ -64,7 +64,11 @@ pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
             // its primary, and then its B-tree entry goes).
             if is_primary(ctx) {
                 let mut leases = leases();
-                if leases.index.queue(at, selected_db(ctx), stored.id(), key) {
+                let tree = stored.indexed();
+                if leases
+                    .index
+                    .queue(at, selected_db(ctx), stored.id(), key, tree)
+                {
                     stored.reclaim_queued();
                     arm(ctx, &mut leases, at);
                     return;

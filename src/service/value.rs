@@ -282,9 +282,11 @@ impl Stored {
         self.index_mark.set(self.index_mark.get().with_at(Some(at)));
     }
 
-    /// The lease index has queued a reclaim of this lock.
+    /// The lease index has queued a reclaim of this lock, and its B-tree entry (if it had
+    /// one) left the tree (see `LeaseIndex::queue`).
     pub fn reclaim_queued(&self) {
-        self.index_mark.set(self.index_mark.get().with_queued(true));
+        self.index_mark
+            .set(self.index_mark.get().with_at(None).with_queued(true));
     }
 
     /// The time of this lock's entry in the lease index's B-tree, if it has one.
@@ -628,9 +630,22 @@ mod tests {
         assert_eq!(stored.index_plan(), IndexPlan::Queue(reclaim));
         stored.reclaim_queued();
         assert_eq!(stored.index_plan(), IndexPlan::Keep);
-        assert_eq!(stored.indexed(), Some(deadline - 60_000));
-        // Taken again, for longer than the B-tree entry: nothing to do either.
+        // The reclaim took the B-tree entry's place.
+        assert_eq!(stored.indexed(), None);
+        // Taken again: in the B-tree once more.
         stored.update(|lock| *lock = held_until(deadline));
+        assert_eq!(
+            stored.index_plan(),
+            IndexPlan::Move {
+                old: None,
+                new: deadline
+            }
+        );
+        stored.indexed_at(deadline);
+        // Released and taken again while the reclaim is queued: nothing to do.
+        stored.update(|lock| lock.holder = None);
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        stored.update(|lock| *lock = held_until(deadline + 1));
         assert_eq!(stored.index_plan(), IndexPlan::Keep);
         // The queued reclaim came due while held: the B-tree entry still counts.
         stored.entry_came_due(true);
@@ -642,7 +657,7 @@ mod tests {
             stored.index_plan(),
             IndexPlan::Move {
                 old: None,
-                new: deadline
+                new: deadline + 1
             }
         );
     }
@@ -651,8 +666,9 @@ mod tests {
     fn a_free_lock_in_a_lock_delay_is_not_left_to_its_queued_reclaim() {
         let now = now_ms();
         let mut stored = Stored::new(held_until(now + 3_600_000));
-        stored.indexed_at(now + 3_600_000);
+        // Released once (a reclaim queued), then taken again (a B-tree entry).
         stored.reclaim_queued();
+        stored.indexed_at(now + 3_600_000);
         // Its lease ran out with a lock-delay: the end of the delay is due first.
         stored.update(|lock| {
             lock.holder = None;
