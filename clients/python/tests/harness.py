@@ -11,11 +11,14 @@ import os
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 import redis
+from redis import exceptions as rx
+from redis._parsers import BaseParser
 
 T = TypeVar("T")
 
@@ -40,6 +43,77 @@ def wait_for(what: str, check: Callable[[], Optional[T]], patience: float = PATI
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)
+
+
+class Pause:
+    """A watchdog pause hook (``Lock._watchdog_paused``, called between the watchdog's timer and
+    its renewal): the ``nth`` call (from 1) signals ``reached`` and blocks until ``go()``."""
+
+    def __init__(self, nth: int = 1) -> None:
+        self.reached = threading.Event()
+        self._go = threading.Event()
+        self._nth = nth
+        self._calls = 0
+
+    def __call__(self) -> None:
+        self._calls += 1
+        if self._calls != self._nth:
+            return
+        self.reached.set()
+        if not self._go.wait(PATIENCE * 3):
+            raise AssertionError("the test never let the watchdog go")
+
+    def go(self) -> None:
+        self._go.set()
+
+
+class Faults:
+    """A client proxy between a helper and its redis-py client, the faults of
+    clients/conformance/README.md: it records every command the helper sends (``sent``) and,
+    on the nth command of a name, ``drop-reply`` (the server runs it, the helper gets the
+    ConnectionError redis-py raises for a connection reset while reading the reply) or
+    ``reply-error`` (not sent; the helper gets the exception redis-py makes of that error
+    reply). ``faults`` are dicts ``{"at": name, "nth": n | [n, ...] | "every", "fault": ...,
+    "error": text}``; commands are counted per name, from 1, over all threads."""
+
+    def __init__(self, client: Any, faults: Iterable[dict] = ()) -> None:
+        self.client = client
+        self.faults = [f for f in faults if f["at"] != "watchdog"]
+        self.sent: list[tuple] = []
+        self._counts: dict[str, int] = {}
+        self._mutex = threading.Lock()
+
+    def count(self, name: str) -> int:
+        with self._mutex:
+            return self._counts.get(name.upper(), 0)
+
+    def _fault(self, name: str, n: int) -> Optional[dict]:
+        for fault in self.faults:
+            nth = fault["nth"]
+            if fault["at"].upper() == name and (
+                    nth == "every" or nth == n or (isinstance(nth, list) and n in nth)):
+                return fault
+        return None
+
+    def execute_command(self, *args: Any) -> Any:
+        name = _text(args[0]).upper()
+        with self._mutex:
+            n = self._counts[name] = self._counts.get(name, 0) + 1
+            self.sent.append(args)
+        fault = self._fault(name, n)
+        if fault is None:
+            return self.client.execute_command(*args)
+        if fault["fault"] == "reply-error":
+            raise BaseParser.parse_error(fault["error"])
+        if fault["fault"] == "drop-reply":
+            self.client.execute_command(*args)
+            raise rx.ConnectionError("Error while reading from 127.0.0.1 : (104, 'Connection "
+                                     "reset by peer') (dropped by the test)")
+        raise AssertionError(f"unknown fault {fault['fault']!r}")
+
+
+def _text(word: Any) -> str:
+    return word.decode() if isinstance(word, bytes) else str(word)
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ from redis import exceptions as rx
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from harness import Cluster, Server, free_port, wait_for
+from harness import Cluster, Faults, Pause, Server, free_port, wait_for
 from naive import NaiveLock
 from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockLost,
                                LockNotAcquired, LockUnknown, RetryPolicy)
@@ -37,40 +37,9 @@ def fresh_key() -> str:
     return f"lock:{uuid.uuid4().hex[:12]}"
 
 
-class Pause:
-    """A watchdog pause hook: the first call signals ``reached`` and blocks until ``go()``."""
-
-    def __init__(self) -> None:
-        self.reached = threading.Event()
-        self._go = threading.Event()
-        self._used = False
-
-    def __call__(self) -> None:
-        if self._used:
-            return
-        self._used = True
-        self.reached.set()
-        if not self._go.wait(30):
-            raise AssertionError("the test never let the watchdog go")
-
-    def go(self) -> None:
-        self._go.set()
-
-
-class LostReply:
-    """A client whose first LOCK.ACQUIRE runs on the server but whose reply is lost, as when
-    the connection breaks after the command was sent (a failover, a network cut)."""
-
-    def __init__(self, client: redis.Redis):
-        self.client = client
-        self.lost = 0
-
-    def execute_command(self, *args):
-        reply = self.client.execute_command(*args)
-        if args[0] == "LOCK.ACQUIRE" and not self.lost:
-            self.lost += 1
-            raise rx.ConnectionError("connection lost before the reply (simulated)")
-        return reply
+# A failover or a cut connection after the first LOCK.ACQUIRE was sent: it runs on the server,
+# its reply is lost.
+LOSE_FIRST_ACQUIRE_REPLY = [{"at": "LOCK.ACQUIRE", "nth": 1, "fault": "drop-reply"}]
 
 
 class OneServer(unittest.TestCase):
@@ -239,7 +208,7 @@ class FailureCases(OneServer):
 
         def case(kind):
             key = fresh_key()
-            lock = kind(LostReply(self.r), key, 10000)
+            lock = kind(Faults(self.r, LOSE_FIRST_ACQUIRE_REPLY), key, 10000)
             granted = lock.acquire()
             info = self.server.lock_info(key)
             problems = []
@@ -623,18 +592,6 @@ class Retries(unittest.TestCase):
         self.assertEqual(len(client.calls), 1)
 
 
-class Counting:
-    """A client proxy that records the commands the helper sends through it."""
-
-    def __init__(self, client) -> None:
-        self.client = client
-        self.calls = []
-
-    def execute_command(self, *args):
-        self.calls.append(args[0])
-        return self.client.execute_command(*args)
-
-
 class Slow(Scripted):
     """A scripted client whose every call takes ``seconds`` before it answers."""
 
@@ -659,12 +616,13 @@ class Connections(unittest.TestCase):
     def test_a_refused_connection_fails_fast_with_a_connection_error(self) -> None:
         port = free_port()  # bound, then closed: nothing listens on it
         # redis-py's own retries off: the time is the helper's alone.
-        plain = Counting(redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0)))
+        plain = Faults(redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0)))
         start = time.monotonic()
         with self.assertRaises(LockConnectionError) as refused:
             Lock(plain, "k", 10000, wait_ms=1000).acquire()
         self.assertLess(time.monotonic() - start, 3.0)
-        self.assertEqual(plain.calls, ["LOCK.ACQUIRE"], "one try, no release of a non-grant")
+        self.assertEqual([c[0] for c in plain.sent], ["LOCK.ACQUIRE"],
+                         "one try, no release of a non-grant")
         self.assertNotIsInstance(refused.exception, LockUnknown)
         self.assertIn("could not connect", str(refused.exception))
         self.assertIsInstance(refused.exception.__cause__, rx.ConnectionError)
@@ -673,12 +631,12 @@ class Connections(unittest.TestCase):
         # The default client of redis-py >= 6 retries a refused connect itself (8.1: 10 times,
         # at most about 5.3 s of pauses in all): the helper adds no try of its own.
         port = free_port()
-        client = Counting(redis.Redis(host="127.0.0.1", port=port))
+        client = Faults(redis.Redis(host="127.0.0.1", port=port))
         start = time.monotonic()
         with self.assertRaises(LockConnectionError):
             Lock(client, "k", 10000).acquire()
         self.assertLess(time.monotonic() - start, 8.0)
-        self.assertEqual(client.calls, ["LOCK.ACQUIRE"])
+        self.assertEqual([c[0] for c in client.sent], ["LOCK.ACQUIRE"])
 
     def test_connect_failures_classified(self) -> None:
         client = Scripted(rx.ConnectionError(REFUSED))
