@@ -39,8 +39,10 @@ log = logging.getLogger("redis_lock_client")
 T = TypeVar("T")
 
 # Replies a client should resend (same token) after a short wait: the cluster is moving or
-# failing over, the key moved, the node became a replica or is still loading.
-_RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "READONLY", "MASTERDOWN")
+# failing over, the key moved, the node became a replica or is still loading. Not READONLY: a
+# resend on the same connection reaches the same replica (redis-py's Sentinel client turns it
+# into a ConnectionError itself, which is retried), and it is never "unknown": nothing ran.
+_RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "MASTERDOWN")
 
 
 # The largest values any server with the module accepts: lock.max-ttl can be raised to one year,
@@ -160,7 +162,7 @@ def is_retriable(error: BaseException) -> bool:
         return True
     if isinstance(error, rx.ResponseError):
         return str(error).startswith(_RETRY_PREFIXES) or isinstance(
-            error, (rx.TryAgainError, rx.ClusterDownError, rx.ReadOnlyError)
+            error, (rx.TryAgainError, rx.ClusterDownError)
         )
     return False
 

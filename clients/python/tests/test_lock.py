@@ -550,13 +550,14 @@ class Scripted:
 class Retries(unittest.TestCase):
     def test_which_errors_are_retried(self) -> None:
         retried = [rx.ConnectionError("x"), rx.TimeoutError("x"), rx.TryAgainError("x"),
-                   rx.ClusterDownError("x"), rx.ReadOnlyError("x"), rx.BusyLoadingError("x"),
+                   rx.ClusterDownError("x"), rx.MasterDownError("x"), rx.BusyLoadingError("x"),
                    rx.ResponseError("UNBLOCKED force unblock from blocking operation")]
         for error in retried:
             self.assertTrue(is_retriable(error), error)
         for error in (rx.ResponseError("ERR invalid ttl-ms: must be positive"),
                       rx.ResponseError("WRONGTYPE Operation against a key"),
-                      rx.MovedError("3999 127.0.0.1:6381"), ValueError("x")):
+                      rx.MovedError("3999 127.0.0.1:6381"), rx.ReadOnlyError("x"),
+                      ValueError("x")):
             self.assertFalse(is_retriable(error), error)
 
     def test_acquire_retries_with_the_same_token(self) -> None:
