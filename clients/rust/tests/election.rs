@@ -11,13 +11,13 @@ mod common;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
 use common::{blocked, wait_for, Config, Reply, Server};
 use redis_lock_client::{Election, Error, Leader};
-use support::client;
+use support::{client, Pause};
 
 fn server() -> Server {
     Server::start_with(Config::default().with("notify-keyspace-events", "KA"))
@@ -125,22 +125,11 @@ fn three_candidates_take_turns_and_the_observer_sees_each_change_once_in_order()
 fn a_leader_stalled_past_its_lease_is_deposed_and_its_writes_are_refused() {
     let server = server();
     let name = "leader:stalled";
-    let (resume_tx, resume_rx) = mpsc::channel::<()>();
-    let resume_rx = Mutex::new(resume_rx);
-    let stalled = Arc::new(AtomicBool::new(false));
-    let in_hook = Arc::clone(&stalled);
-    let first = Election::new(client(&server), name, Duration::from_millis(300)).configure(|l| {
-        l.before_renewal(move |round| {
-            if round == 0 {
-                in_hook.store(true, Ordering::SeqCst);
-                let _ = resume_rx.lock().expect("rx").recv_timeout(common::PATIENCE);
-            }
-        })
-    });
+    let pause = Pause::at_round(0);
+    let first = Election::new(client(&server), name, Duration::from_millis(300))
+        .configure(|l| l.before_renewal(pause.hook()));
     let old = first.campaign("sleepy", None).expect("first leads");
-    wait_for("the watchdog to stall", || {
-        stalled.load(Ordering::SeqCst).then_some(())
-    });
+    pause.wait_reached();
     let successor = Election::new(client(&server), name, Duration::from_secs(2));
     let new = successor
         .campaign("awake", Some(Duration::from_secs(5)))
@@ -177,7 +166,7 @@ fn a_leader_stalled_past_its_lease_is_deposed_and_its_writes_are_refused() {
         conn.call(&["GET", "leader:stalled:written"]),
         Reply::bulk(&new.term().to_string())
     );
-    resume_tx.send(()).expect("resume");
+    pause.go();
     assert!(!old.resign().expect("resign"));
     assert!(new.resign().expect("resign"));
 }

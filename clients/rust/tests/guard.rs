@@ -10,16 +10,13 @@ mod common;
 #[allow(dead_code)]
 mod support;
 
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::Duration;
 
 use common::{fence_of, lock_field, lock_info, state_of, Reply, Server};
-use redis::{ConnectionLike, RedisResult, Value};
-use redis_lock_client::{BoxedConnection, Connector, Error, Lock};
-use support::{calls, client};
+use redis_lock_client::{Error, Lock};
+use support::{calls, client, Fault, Faulty};
 
 // Guard basics: the fence is the server's, drop releases with the token, and a refused
 // acquire never runs the body (redis-py #621: code ran although the lock was not acquired).
@@ -126,64 +123,6 @@ fn a_grant_after_a_wait_longer_than_the_lease_is_held() {
     assert!(guard.release().expect("release"));
 }
 
-/// Opens real connections; the first ACQUIRE on the first connection runs on the server but
-/// its reply is thrown away and the caller sees a reset connection.
-struct LoseFirstAcquireReply {
-    client: redis::Client,
-    acquires: Arc<AtomicUsize>,
-    connects: Arc<AtomicUsize>,
-}
-
-struct LosingConnection {
-    inner: redis::Connection,
-    acquires: Arc<AtomicUsize>,
-}
-
-impl ConnectionLike for LosingConnection {
-    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        let is_acquire = cmd.windows(12).any(|w| w == b"LOCK.ACQUIRE");
-        let reply = self.inner.req_packed_command(cmd);
-        if is_acquire && self.acquires.fetch_add(1, Ordering::SeqCst) == 0 {
-            assert!(matches!(reply, Ok(Value::Int(_))), "{reply:?}");
-            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "reply lost").into());
-        }
-        reply
-    }
-    fn req_packed_commands(
-        &mut self,
-        cmd: &[u8],
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        self.inner.req_packed_commands(cmd, offset, count)
-    }
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
-    }
-    fn check_connection(&mut self) -> bool {
-        self.inner.check_connection()
-    }
-    fn is_open(&self) -> bool {
-        self.inner.is_open()
-    }
-}
-
-impl Connector for LoseFirstAcquireReply {
-    fn connect(
-        &self,
-        timeout: Duration,
-        read_timeout: Option<Duration>,
-    ) -> RedisResult<BoxedConnection> {
-        self.connects.fetch_add(1, Ordering::SeqCst);
-        let inner = self.client.get_connection_with_timeout(timeout)?;
-        inner.set_read_timeout(read_timeout)?;
-        Ok(Box::new(LosingConnection {
-            inner,
-            acquires: Arc::clone(&self.acquires),
-        }))
-    }
-}
-
 // Lost reply on acquire (failover "unknown" outcome): the grant happened but the client saw an
 // I/O error; the retry with the same token gets the same fence, and holds stays 1 (no second
 // hold, no second holder).
@@ -191,21 +130,11 @@ impl Connector for LoseFirstAcquireReply {
 fn lost_acquire_reply_is_retried_with_the_same_token_and_gets_the_same_fence() {
     let server = Server::start();
     let mut conn = server.conn();
-    let acquires = Arc::new(AtomicUsize::new(0));
-    let connects = Arc::new(AtomicUsize::new(0));
-    let connector = LoseFirstAcquireReply {
-        client: client(&server),
-        acquires: Arc::clone(&acquires),
-        connects: Arc::clone(&connects),
-    };
-    let lock = Lock::new(connector, "pay:9", Duration::from_secs(30));
+    let connector = Faulty::new(client(&server), vec![Fault::drop_reply("LOCK.ACQUIRE", 1)]);
+    let lock = Lock::new(connector.clone(), "pay:9", Duration::from_secs(30));
     let guard = lock.acquire().expect("acquire after a lost reply");
-    assert_eq!(acquires.load(Ordering::SeqCst), 2, "one retry");
-    assert_eq!(
-        connects.load(Ordering::SeqCst),
-        2,
-        "reconnected after the I/O error"
-    );
+    assert_eq!(connector.count("LOCK.ACQUIRE"), 2, "one retry");
+    assert_eq!(connector.connects(), 2, "reconnected after the I/O error");
     assert_eq!(calls(&server, "lock.acquire"), 2);
     assert_eq!(guard.fence(), fence_of(&mut conn, "pay:9"));
     assert_eq!(lock_field(&mut conn, "pay:9", "holds"), Reply::Int(1));

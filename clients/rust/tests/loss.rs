@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::{lock_info, wait_for, Conn, Reply, Server};
 use redis_lock_client::{Error, Lock, LockGuard, LostReason};
-use support::{client, renews};
+use support::{client, renews, Pause};
 
 type Calls = Arc<Mutex<Vec<(LostReason, ThreadId)>>>;
 
@@ -58,21 +58,11 @@ fn held(conn: &mut Conn, key: &str) -> bool {
 fn caller_noticing_first_reports_the_loss_once() {
     let server = Server::start();
     let mut conn = server.conn();
-    let (resume_tx, resume_rx) = mpsc::channel::<()>();
-    let resume_rx = Mutex::new(resume_rx);
-    let stalled = Arc::new(AtomicBool::new(false));
-    let stalled_in_hook = Arc::clone(&stalled);
+    let pause = Pause::at_round(0);
     let (lock, calls) = counting(&server, "first:1", Duration::from_millis(300));
-    let lock = lock.watchdog(true).before_renewal(move |round| {
-        if round == 0 {
-            stalled_in_hook.store(true, Ordering::SeqCst);
-            let _ = resume_rx.lock().expect("rx").recv_timeout(common::PATIENCE);
-        }
-    });
+    let lock = lock.watchdog(true).before_renewal(pause.hook());
     let guard = lock.acquire().expect("acquire");
-    wait_for("the watchdog to stall", || {
-        stalled.load(Ordering::SeqCst).then_some(())
-    });
+    pause.wait_reached();
     wait_for("the lease to end on the server", || {
         (!held(&mut conn, "first:1")).then_some(())
     });
@@ -87,7 +77,7 @@ fn caller_noticing_first_reports_the_loss_once() {
     );
     let releaser = thread::spawn(move || guard.release());
     // Release is waiting for the stalled watchdog; let it go.
-    resume_tx.send(()).expect("resume the watchdog");
+    pause.go();
     let released = releaser.join().expect("releaser");
     assert!(!released.expect("release"));
     assert_eq!(reasons(&calls), vec![LostReason::LeaseExpired], "once");

@@ -1,15 +1,24 @@
 //! Retry classification with a fake connection that answers with canned errors: which errors
 //! are retried (same token, bounded attempts, reconnecting after I/O errors) and which are not.
 
+// The harness carries its own `#![allow(dead_code)]` as well.
+#![allow(clippy::duplicated_attributes)]
+
+#[allow(dead_code)]
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[allow(dead_code)]
+mod support;
+
 use std::io;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::{ConnectionLike, RedisResult, Value};
 use redis_lock_client::{is_retryable, BoxedConnection, Connector, Error, Lock, RetryPolicy};
+use support::Faulty;
 
 /// What the fake saw: connections opened and commands received (as text).
 #[derive(Default)]
@@ -204,30 +213,14 @@ fn closed_port() -> u16 {
     listener.local_addr().expect("addr").port()
 }
 
-/// A redis::Client that counts its connects.
-struct CountingClient {
-    client: redis::Client,
-    connects: Arc<AtomicUsize>,
-}
-
-impl Connector for CountingClient {
-    fn connect(&self, t: Duration, r: Option<Duration>) -> RedisResult<BoxedConnection> {
-        self.connects.fetch_add(1, Ordering::SeqCst);
-        self.client.connect(t, r)
-    }
-}
-
 // A refused connection (nothing listens on the port) sent nothing, so nothing was granted:
 // Error::Connection at once, one connect, not Unknown after the retries.
 #[test]
 fn a_refused_connection_fails_fast_with_a_connection_error() {
-    let connects = Arc::new(AtomicUsize::new(0));
     let url = format!("redis://127.0.0.1:{}/", closed_port());
-    let connector = CountingClient {
-        client: redis::Client::open(url).expect("client"),
-        connects: Arc::clone(&connects),
-    };
-    let lock = Lock::new(connector, "k", Duration::from_secs(10)).wait(Duration::from_secs(1));
+    let connector = Faulty::new(redis::Client::open(url).expect("client"), vec![]);
+    let lock =
+        Lock::new(connector.clone(), "k", Duration::from_secs(10)).wait(Duration::from_secs(1));
     let start = Instant::now();
     let result = lock.acquire();
     assert!(
@@ -241,7 +234,8 @@ fn a_refused_connection_fails_fast_with_a_connection_error() {
     }
     let text = result.expect_err("refused").to_string();
     assert!(text.contains("could not connect"), "{text}");
-    assert_eq!(connects.load(Ordering::SeqCst), 1);
+    assert_eq!(connector.connects(), 1);
+    assert!(connector.commands().is_empty(), "nothing sent");
 }
 
 // A sent request whose reply was lost may have been granted: the refused reconnects after it

@@ -11,14 +11,13 @@ mod common;
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::{fence_of, lock_field, lock_info, state_of, wait_for, Reply, Server};
 use redis_lock_client::{Error, Lock, LostReason};
-use support::{client, renews};
+use support::{client, renews, Pause};
 
 /// Asserts the renew count stays at `expected` for `window` (an observation window, not a
 /// synchronization: nothing is waited for).
@@ -70,27 +69,17 @@ fn no_renewal_reaches_the_server_after_release_returns() {
 fn a_watchdog_stalled_past_the_lease_reports_lost_and_sends_no_renewal() {
     let server = Server::start();
     let mut conn = server.conn();
-    let (resume_tx, resume_rx) = mpsc::channel::<()>();
-    let resume_rx = Mutex::new(resume_rx);
-    let stalled = Arc::new(AtomicBool::new(false));
+    // Stalled until the test says so (bounded: never hangs the test).
+    let pause = Pause::at_round(0);
     let lost = Arc::new(Mutex::new(Vec::new()));
     let lost_in_callback = Arc::clone(&lost);
-    let stalled_in_hook = Arc::clone(&stalled);
     let lock = Lock::new(client(&server), "stall:1", Duration::from_millis(300))
         .watchdog(true)
         .on_lost(move |why| lost_in_callback.lock().expect("lost").push(why))
-        .before_renewal(move |round| {
-            if round == 0 {
-                stalled_in_hook.store(true, Ordering::SeqCst);
-                // Stalled until the test says so (bounded: never hangs the test).
-                let _ = resume_rx.lock().expect("rx").recv_timeout(common::PATIENCE);
-            }
-        });
+        .before_renewal(pause.hook());
     let guard = lock.acquire().expect("acquire");
     let fence = guard.fence();
-    wait_for("the watchdog to stall", || {
-        stalled.load(Ordering::SeqCst).then_some(())
-    });
+    pause.wait_reached();
     // The lease ends on the server; another client takes the lock.
     let other = wait_for(
         "the lease to end and another client to get the lock",
@@ -103,7 +92,7 @@ fn a_watchdog_stalled_past_the_lease_reports_lost_and_sends_no_renewal() {
     assert!(Instant::now() >= guard.lease_end());
     let renewals = renews(&server);
     assert_eq!(renewals, 0, "the stalled watchdog had not renewed yet");
-    resume_tx.send(()).expect("resume the watchdog");
+    pause.go();
     wait_for("the loss to be reported", || {
         (!lost.lock().expect("lost").is_empty()).then_some(())
     });
