@@ -104,9 +104,11 @@ pub enum Error {
     /// [`LockGuard::lost_reason`]: crate::LockGuard::lost_reason
     Lost,
     /// Acquiring gave up after the retry policy (attempts or deadline) was used up. A grant may
-    /// or may not exist on the server (a command can run even when its reply is lost); if it
-    /// does, its lease ends it. The last error seen is attached; if none of the attempts failed
-    /// with an I/O error after its request was sent, no attempt can have been granted.
+    /// or may not exist on the server (a command can run even when its reply is lost): when an
+    /// attempt failed with an I/O error after its request was sent, `acquire` sent one
+    /// `LOCK.RELEASE` with the token before returning this (best effort: if that failed too,
+    /// the lease ends the grant). The last error seen is attached; if none of the attempts
+    /// failed with an I/O error after its request was sent, no attempt can have been granted.
     Unknown(redis::RedisError),
     /// No connection to the server could be opened, so the request (`LOCK.ACQUIRE`, or
     /// `LOCK.RELEASE` from [`LockGuard::release`]) was never sent: nothing was granted (or
@@ -133,7 +135,8 @@ impl fmt::Display for Error {
             Error::Lost => f.write_str("lock lost: it is no longer held by this client"),
             Error::Unknown(e) => write!(
                 f,
-                "lock acquisition outcome unknown after retries (the lease ends any grant): {e}"
+                "lock acquisition outcome unknown after retries (any grant was released, or its \
+                 lease ends it): {e}"
             ),
             Error::Connection(e) => write!(f, "could not connect, nothing was sent: {e}"),
             Error::Conflict { attempts } => write!(

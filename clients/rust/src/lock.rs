@@ -221,7 +221,8 @@ impl Lock {
     /// token holds it (or the wait budget ran out), [`Error::Connection`] at once when no
     /// connection could be opened before any request was sent (nothing granted),
     /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
-    /// deadline) were used up without learning the outcome.
+    /// deadline) were used up without learning the outcome (then one `LOCK.RELEASE` with the
+    /// token gives back what may have been granted, best effort).
     ///
     /// Retries send the same token, so a grant whose reply was lost is returned (same fence)
     /// by the next attempt. With a limited wait, a retry waits only for what is left of the
@@ -315,11 +316,34 @@ impl Lock {
                     failures += 1;
                     match self.retry.pause(failures, &mut give_up_at) {
                         Some(pause) => thread::sleep(pause),
-                        None => return Err(Error::Unknown(e)),
+                        None => {
+                            if maybe_granted {
+                                self.forget(&token, conn.take().map(|(c, _)| c));
+                            }
+                            return Err(Error::Unknown(e));
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// After an acquire that gave up without learning whether a try was granted: one
+    /// `LOCK.RELEASE` with the token, best effort (the lease ends the grant otherwise).
+    fn forget(&self, token: &str, conn: Option<BoxedConnection>) {
+        let mut slot = conn;
+        let _ = with_conn(
+            &mut slot,
+            &*self.connector,
+            self.io_timeout,
+            self.io_timeout,
+            |c| {
+                redis::cmd("LOCK.RELEASE")
+                    .arg(&self.key)
+                    .arg(token)
+                    .query::<i64>(c)
+            },
+        );
     }
 
     fn start_guard(

@@ -136,7 +136,9 @@ fn token_of(command: &str) -> String {
 }
 
 // Retry classification (failover errors): TRYAGAIN, CLUSTERDOWN, UNBLOCKED and I/O errors are
-// retried with the same token a bounded number of times, then acquire says Unknown.
+// retried with the same token a bounded number of times, then acquire says Unknown. After I/O
+// errors (a try may have been granted) one LOCK.RELEASE with the token follows, on a new
+// connection; after the server's refusals nothing can have been granted, and nothing follows.
 #[test]
 fn failover_errors_are_retried_boundedly_with_the_same_token() {
     let cases: [(&str, Reply); 4] = [
@@ -158,14 +160,21 @@ fn failover_errors_are_retried_boundedly_with_the_same_token() {
             matches!(result, Err(Error::Unknown(_))),
             "{name}: {result:?}"
         );
-        assert_eq!(log.commands.len(), 4, "{name}: attempts");
+        let (acquires, release) = log.commands.split_at(4);
+        assert!(
+            acquires.iter().all(|c| c.contains("LOCK.ACQUIRE")),
+            "{name}: attempts"
+        );
+        let expected_release = if name == "IO" { 1 } else { 0 };
+        assert_eq!(release.len(), expected_release, "{name}: {release:?}");
+        assert!(release.iter().all(|c| c.contains("LOCK.RELEASE")), "{name}");
         let first = token_of(&log.commands[0]);
         assert_eq!(first.len(), 32, "{name}");
         assert!(
             log.commands.iter().all(|c| token_of(c) == first),
             "{name}: same token on every attempt"
         );
-        let expected_connects = if name == "IO" { 4 } else { 1 };
+        let expected_connects = if name == "IO" { 5 } else { 1 };
         assert_eq!(log.connects, expected_connects, "{name}: reconnects");
     }
 }
@@ -239,7 +248,8 @@ fn a_refused_connection_fails_fast_with_a_connection_error() {
 }
 
 // A sent request whose reply was lost may have been granted: the refused reconnects after it
-// keep the outcome unknown (retried with the same token until the attempts run out).
+// keep the outcome unknown (retried with the same token until the attempts run out), and the
+// release that follows is refused too.
 #[test]
 fn a_lost_reply_then_refused_connections_is_unknown() {
     let canned = Canned {
@@ -250,7 +260,10 @@ fn a_lost_reply_then_refused_connections_is_unknown() {
     assert!(matches!(result, Err(Error::Unknown(_))), "{result:?}");
     let log = log.lock().expect("log");
     assert_eq!(log.commands.len(), 1);
-    assert_eq!(log.connects, 4, "every attempt tried to connect again");
+    assert_eq!(
+        log.connects, 5,
+        "every attempt tried to connect again, and the release"
+    );
 }
 
 // The retry deadline bounds the whole acquire whatever the attempts: calls of 100 ms that all
