@@ -166,6 +166,19 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	@bench/chart.sh
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
+# The module against etcd and ZooKeeper (bench/peers/peers.py): one contention loop, 16 worker
+# processes on one lock, against the module alone, the module with a replica (with and without
+# SYNC 1 1000), a 3-member etcd (its Lock RPC) and a 3-server ZooKeeper (kazoo's Lock), all on
+# loopback, data in a temporary directory, every server stopped at the end. Installs etcd-server,
+# etcd-client and zookeeper with apt-get when missing (root on Debian) and the Python clients,
+# pinned, into .cache/peers-py. Loads target/release's module as it is (or LOCK_MODULE; one is
+# built into .cache/peers-target when there is none). Its own section of bench/results.md, which
+# make bench keeps; about 5 minutes; BENCH_QUICK=1: short rounds into target/bench/peers.md.
+# Not in CI.
+.PHONY: bench-peers
+bench-peers: ## The module, alone and with a replica, against etcd and ZooKeeper (bench/results.md)
+	REDIS_SERVER="$(REDIS_SERVER)" python3 bench/peers/peers.py
+
 # The single-command section of the bench on every server of the matrix (REDIS_SERVER, then
 # MATRIX, installed by .ci/server), each against its own baselines: SET NX PX, the Lua scripts,
 # and on Valkey 9 also DELIFEQ and SET IFEQ. One table per server in bench/servers.md (a few
