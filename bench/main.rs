@@ -57,6 +57,15 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
+/// The section bench/peers/peers.py writes into bench/results.md, markers included.
+fn peers_section(results: &str) -> Option<&str> {
+    const BEGIN: &str = "<!-- bench-peers: begin";
+    const END: &str = "<!-- bench-peers: end -->";
+    let start = results.find(BEGIN)?;
+    let end = start + results[start..].find(END)? + END.len();
+    Some(&results[start..end])
+}
+
 fn main() {
     let started = Instant::now();
     let load_before = load_average();
@@ -176,6 +185,14 @@ fn main() {
     } else {
         root.join("bench/results.md")
     };
+    // The comparison with etcd and ZooKeeper (`make bench-peers`) has its own section in the
+    // same file; a run of this bench carries it over.
+    let previous = std::fs::read_to_string(&results).unwrap_or_default();
+    if let Some(peers) = peers_section(&previous) {
+        report.push('\n');
+        report.push_str(peers);
+        report.push('\n');
+    }
     std::fs::write(&results, &report).expect("write results");
     if let Some(chart) = chart {
         let mut csv = String::from("series,handoff_us\n");

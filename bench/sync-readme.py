@@ -12,6 +12,8 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 results = (root / "bench" / "results.md").read_text()
+# The section `make bench-peers` keeps at the end of the file is not make bench's: left out.
+results = results.split("<!-- bench-peers: begin", 1)[0]
 readme_path = root / "bench" / "README.md"
 readme = readme_path.read_text()
 
