@@ -20,19 +20,30 @@ export declare class LockUnknown extends LockError {}
 export declare class LockConnectionError extends LockError {}
 
 export interface RetryOptions {
+  /** Attempts in all, the first included (default 6). */
   attempts?: number;
+  /** The n-th retry waits between half and all of min(capMs, baseMs * 2^n) (default 20). */
   baseMs?: number;
+  /** Longest pause (default 1000). */
   capMs?: number;
+  /** No retry starts later than this after the first failure (default 10000). */
   deadlineMs?: number;
 }
+/** How to retry TRYAGAIN, CLUSTERDOWN, UNBLOCKED, LOADING, MASTERDOWN and lost connections,
+ * always with the same token. */
 export declare class RetryPolicy {
   constructor(options?: RetryOptions);
   readonly attempts: number;
   readonly baseMs: number;
   readonly capMs: number;
   readonly deadlineMs: number;
+  /** The pause before retry number `retry` (from 1), in ms. */
   delay(retry: number): number;
 }
+
+/** Whether the helper sends a command again (same token) after this error: the server's
+ * TRYAGAIN, CLUSTERDOWN, UNBLOCKED, LOADING, MASTERDOWN, and lost connections. */
+export declare function isRetriable(error: unknown): boolean;
 
 export interface LockOptions {
   /** The lease, in ms (1 to one year). */
@@ -58,8 +69,12 @@ export declare class Lock {
   readonly lost: boolean;
   readonly held: boolean;
   check(): number;
+  /** The fence; LockNotAcquired, LockConnectionError (nothing sent) or LockUnknown (a reply
+   * lost and the retries used up; one LOCK.RELEASE with the token was tried). */
   acquire(): Promise<number>;
   renew(): Promise<void>;
+  /** Stops the watchdog, then releases with the token (retried as acquire is): true when this
+   * grant was released, false when it was not held any more. */
   release(): Promise<boolean>;
   fenced<T>(work: (fence: number) => T | Promise<T>): Promise<T>;
   guarded(...command: (string | number | Buffer)[]): Promise<unknown>;

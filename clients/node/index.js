@@ -40,16 +40,24 @@ class LockUnknown extends LockError {}
 /** No connection could be opened before anything was sent: nothing was granted. */
 class LockConnectionError extends LockError {}
 
-/** Errors worth sending the same request again for (with the same token). */
+/** Errors worth sending the same request again for (with the same token): the server's "try
+ * again" replies (the key moved with its slot, the cluster is failing over, the node became a
+ * replica or is loading) and lost connections. Not MOVED/ASK (ioredis' Cluster follows them;
+ * a standalone client cannot) nor READONLY (a resend on the same connection reaches the same
+ * replica; ioredis' `reconnectOnError` is the tool for that). */
 function isRetriable(error) {
   const message = String(error && error.message);
   return /^(TRYAGAIN|CLUSTERDOWN|UNBLOCKED|LOADING|MASTERDOWN)/.test(message) ||
     isConnectionError(error);
 }
 
+/** The connection failed: the command may or may not have run. ioredis rejects a command with
+ * MaxRetriesPerRequestError when its reconnects ran out, also one it had sent before the
+ * connection broke (it keeps those to resend). */
 function isConnectionError(error) {
   const message = String(error && error.message);
   return ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT'].includes(error && error.code) ||
+    (error && error.name === 'MaxRetriesPerRequestError') ||
     /Connection is closed|Stream isn't writeable|connect ECONNREFUSED|Command timed out/.test(message);
 }
 
@@ -61,18 +69,28 @@ function notConnected(error) {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** How to retry TRYAGAIN, CLUSTERDOWN, UNBLOCKED and lost connections. */
+/** How to retry TRYAGAIN, CLUSTERDOWN, UNBLOCKED, LOADING, MASTERDOWN and lost connections:
+ * `attempts` in all (the first included); the n-th retry waits a random time between half and
+ * all of min(capMs, baseMs * 2^n); no retry starts later than `deadlineMs` after the first
+ * failure. The defaults are the Python and Rust helpers'. */
 class RetryPolicy {
-  constructor({ attempts = 8, baseMs = 50, capMs = 2000, deadlineMs = 10_000 } = {}) {
-    if (!Number.isInteger(attempts) || attempts < 1 || !(deadlineMs > 0) || baseMs < 0 || capMs < 0) {
+  constructor({ attempts = 6, baseMs = 20, capMs = 1000, deadlineMs = 10_000 } = {}) {
+    if (!Number.isInteger(attempts) || attempts < 1 || !(deadlineMs > 0) || !(baseMs >= 0) || !(capMs >= 0)) {
       throw new LockArgumentError('retry', 'a retry policy needs at least 1 attempt, non-negative delays and a positive deadline');
     }
     Object.assign(this, { attempts, baseMs, capMs, deadlineMs });
   }
 
-  /** Full jitter: a random pause up to min(cap, base * 2^retry). */
+  /** The pause before retry number `retry` (from 1), in ms. */
   delay(retry) {
-    return Math.random() * Math.min(this.capMs, this.baseMs * 2 ** retry);
+    return Math.min(this.capMs, this.baseMs * 2 ** retry) * (0.5 + Math.random() / 2);
+  }
+
+  /** The pause before retry number `retry`, or null when the attempts or the deadline (a time
+   * from performance.now(), set at the first failure) are used up. */
+  _pause(retry, giveUpAt) {
+    const pause = this.delay(retry);
+    return retry >= this.attempts || performance.now() + pause >= giveUpAt ? null : pause;
   }
 }
 
@@ -123,6 +141,9 @@ class Lock {
     this._timer = null;
     this._renewing = null; // the renewal in flight, awaited by release()
     this._stopping = false;
+    // Test seam: awaited by the watchdog with the round's number (from 0) between its timer
+    // and its renewal; a promise that stays pending is a stalled watchdog.
+    this._beforeRenewal = null;
   }
 
   /** The fence of the current grant (null before the first). */
@@ -180,13 +201,14 @@ class Lock {
         }
         maybeGranted = maybeGranted || isConnectionError(error);
         retries += 1;
-        giveUpAt = giveUpAt ?? Date.now() + this.retry.deadlineMs;
-        if (retries >= this.retry.attempts || Date.now() >= giveUpAt) {
+        giveUpAt = giveUpAt ?? performance.now() + this.retry.deadlineMs;
+        const pause = this.retry._pause(retries, giveUpAt);
+        if (pause === null) {
           // The grant may exist: release what this token may hold (once, best effort).
           await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
           throw new LockUnknown(this.key, `no answer after ${retries} attempts (${error.message})`);
         }
-        await sleep(this.retry.delay(retries));
+        await sleep(pause);
         continue;
       }
       if (reply === null) throw new LockNotAcquired(this.key, 'held by another token');
@@ -221,8 +243,10 @@ class Lock {
     }
   }
 
-  /** Stop the watchdog (no renewal is sent after this returns), then release with the token.
-   * True when the server released this grant; false when it was not held any more. */
+  /** Stop the watchdog (no renewal is sent after this returns), then release with the token,
+   * retried as acquire is. True when the server released this grant; false when it was not
+   * held any more (or an earlier try whose reply was lost released it). LockConnectionError
+   * when nothing could be sent, LockUnknown when the retries ran out. */
   async release() {
     const token = this._token;
     if (token === null) return false;
@@ -234,8 +258,9 @@ class Lock {
     this._token = null;
     this._leaseEnd = 0;
     try {
-      const reply = await this.redis.call('LOCK.RELEASE', this.key, token);
-      if (reply !== 1) this._markLost('LOCK.RELEASE found the token no longer holding the lock');
+      const [reply, retried] = await this._call('LOCK.RELEASE', this.key, token);
+      // A 0 after a retry may answer our own earlier release, whose reply was lost.
+      if (reply !== 1 && !retried) this._markLost('LOCK.RELEASE found the token no longer holding the lock');
       return reply === 1;
     } finally {
       this._reportLoss();
@@ -274,17 +299,46 @@ class Lock {
 
   // ---- internals ----------------------------------------------------------------------------
 
-  _schedule(token) {
+  _schedule(token, round = 0) {
     if (this._stopping) return;
     this._timer = setTimeout(() => {
       this._timer = null;
-      this._renewing = this._renewOnce(token, true).then((reason) => {
+      this._renewing = (async () => {
+        // Tests pause the watchdog here, between its timer and its renewal.
+        if (this._beforeRenewal) await this._beforeRenewal(round);
+        return this._renewOnce(token, true);
+      })().then((reason) => {
         this._renewing = null;
         if (reason !== null) this._reportLoss();
-        else this._schedule(token);
+        else this._schedule(token, round + 1);
       });
     }, this.ttlMs / 3);
     this._timer.unref?.();
+  }
+
+  /** One command, retried as acquire is: [reply, whether it was sent more than once]. */
+  async _call(...command) {
+    let retries = 0;
+    let maybeSent = false;
+    let giveUpAt = null;
+    for (;;) {
+      try {
+        return [await this.redis.call(...command), retries > 0];
+      } catch (error) {
+        if (!isRetriable(error)) throw error;
+        if (notConnected(error) && !maybeSent) {
+          throw new LockConnectionError(this.key, `could not connect, ${command[0]} was not sent (${error.message})`);
+        }
+        maybeSent = maybeSent || isConnectionError(error);
+        retries += 1;
+        giveUpAt = giveUpAt ?? performance.now() + this.retry.deadlineMs;
+        const pause = this.retry._pause(retries, giveUpAt);
+        if (pause === null) {
+          throw new LockUnknown(this.key, `no answer to ${command[0]} after ${retries} attempts (${error.message})`);
+        }
+        await sleep(pause);
+      }
+    }
   }
 
   /** One renewal; the reason the lock is lost, or null when renewed. `anchored`: never send
@@ -338,5 +392,5 @@ class Lock {
 
 module.exports = {
   Lock, RetryPolicy, LockError, LockArgumentError, LockNotAcquired, LockLost, LockUnknown,
-  LockConnectionError, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
+  LockConnectionError, isRetriable, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
 };

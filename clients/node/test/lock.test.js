@@ -1,11 +1,13 @@
 'use strict';
 // The helper against a real server with the module: the guard's fence, refusal, waiting,
-// shared holds and permits, labels, the watchdog and its end at release, onLost once, stale
-// fences refused by LOCK.GUARD, bad settings refused before sending, a refused connection.
+// shared holds and permits, labels, run(), the watchdog and its end at release, onLost once,
+// stale fences refused by LOCK.GUARD, bad settings refused before sending, a refused
+// connection. Retries are in retries.test.js, Redis Cluster in cluster.test.js, the cases all
+// helpers share in conformance.test.js.
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
-const { Server, waitFor } = require('./harness');
+const { Faults, Pause, Server, waitFor } = require('./harness');
 const {
   Lock, LockArgumentError, LockConnectionError, LockLost, LockNotAcquired, RetryPolicy,
 } = require('..');
@@ -81,18 +83,60 @@ test('shared holders go together, a semaphore counts permits, a label shows in L
   await labelled.release();
 });
 
-test('the watchdog keeps the lease and sends nothing after release', async () => {
+test('run() gives the body the fence and its value back, and releases also when it throws', async () => {
   const key = freshKey();
-  const lock = new Lock(redis, key, { ttlMs: 300, watchdog: true });
+  const lock = new Lock(redis, key, { ttlMs: 10_000 });
+  assert.equal(await lock.run(async (fence) => {
+    assert.equal((await server.info(key)).fence, fence);
+    return 'done';
+  }), 'done');
+  assert.equal((await server.info(key)).state, 'free');
+  await assert.rejects(lock.run(() => { throw new Error('the body failed'); }), /the body failed/);
+  assert.equal((await server.info(key)).state, 'free');
+});
+
+test('the watchdog keeps the lease past its ttl', async () => {
+  const key = freshKey();
+  const client = new Faults(redis);
+  const lock = new Lock(client, key, { ttlMs: 300, watchdog: true });
+  const granted = performance.now();
   await lock.acquire();
-  await new Promise((resolve) => setTimeout(resolve, 900));
+  // Four renewals sent, so three answered: each is sent ttl/3 after the one before.
+  await waitFor('three renewals', () => client.count('LOCK.RENEW') >= 4);
+  assert.ok(performance.now() - granted > 300, 'longer than the ttl');
   assert.equal(lock.held, true);
   assert.equal((await server.info(key)).state, 'held');
   assert.equal(await lock.release(), true);
-  const renewals = await server.calls('lock.renew');
-  assert.ok(renewals >= 2, `${renewals} renewals`);
-  await new Promise((resolve) => setTimeout(resolve, 400));
-  assert.equal(await server.calls('lock.renew'), renewals, 'no renewal after release');
+});
+
+test('release waits for a paused watchdog round, which sends nothing; no renewal follows', async () => {
+  // Redisson #7272 / #1626: the watchdog outlived unlock() and renewed after it.
+  const key = freshKey();
+  const client = new Faults(redis);
+  const lock = new Lock(client, key, { ttlMs: 300, watchdog: true });
+  const pause = new Pause(1); // the second round: the first renewal is done by then
+  lock._beforeRenewal = pause.hook();
+  await lock.acquire();
+  await pause.waitReached();
+  const renewals = client.count('LOCK.RENEW');
+  assert.equal(renewals, 1);
+  let released = null;
+  const releasing = lock.release().then((r) => { released = r; });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(released, null, 'release waits for the paused round');
+  pause.go();
+  await releasing;
+  assert.equal(released, true);
+  assert.equal(client.count('LOCK.RENEW'), renewals, 'the paused round sent nothing');
+  assert.equal(client.sent.at(-1)[0], 'LOCK.RELEASE');
+  // Another watchdog of the same ttl renews twice: time enough for a timer left behind to fire.
+  const otherClient = new Faults(redis);
+  const other = new Lock(otherClient, freshKey(), { ttlMs: 300, watchdog: true });
+  await other.acquire();
+  await waitFor('two renewals by another watchdog', () => otherClient.count('LOCK.RENEW') >= 2);
+  await other.release();
+  assert.equal(client.count('LOCK.RENEW'), renewals, 'no renewal after release');
+  assert.equal((await server.info(key)).state, 'free');
 });
 
 test('a lease that runs out is reported once, and a stale fence is refused by LOCK.GUARD', async () => {
@@ -100,9 +144,10 @@ test('a lease that runs out is reported once, and a stale fence is refused by LO
   let calls = 0;
   const stale = new Lock(redis, key, { ttlMs: 200, onLost: () => { calls += 1; } });
   const oldFence = await stale.acquire();
-  await new Promise((resolve) => setTimeout(resolve, 300));
+  await waitFor('the lease to end on the server', async () => (await server.info(key)).state !== 'held');
   const current = new Lock(redis, key, { ttlMs: 10_000 });
   await current.acquire();
+  assert.equal(calls, 0, 'nothing noticed it yet');
   assert.equal(stale.lost, true);
   assert.equal(stale.lost, true);
   assert.equal(calls, 1, 'onLost exactly once');
