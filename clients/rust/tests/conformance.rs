@@ -1,7 +1,10 @@
 //! The shared table of cases (`clients/conformance/cases.json`) run on the Rust helper.
 //!
 //! Every helper in `clients/` runs the same table; `clients/conformance/README.md` describes the
-//! format. One server for all cases, a fresh key per case; every failing case is named.
+//! format. One server for all cases, a fresh key per case; every failing case is named. Faults
+//! are injected by `support::Faulty` (a connector) and `support::Pause` (the watchdog's
+//! `before_renewal` hook). With `CONFORMANCE_RESULTS` set, each case's result is appended to
+//! that file.
 
 // The harness carries its own `#![allow(dead_code)]` as well.
 #![allow(clippy::duplicated_attributes)]
@@ -12,6 +15,8 @@ mod common;
 #[allow(dead_code)]
 mod support;
 
+use std::collections::HashSet;
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 use common::{lock_info, wait_for, Conn, Reply, Server};
 use redis_lock_client::{Error, Lock, LockGuard, RetryPolicy};
 use serde_json::{Map, Value};
-use support::calls;
+use support::{calls, Fault, FaultKind, Faulty, Nth, Pause};
 
 const HELPER: &str = "rust";
 const CASE_FIELDS: &[&str] = &[
@@ -29,6 +34,7 @@ const CASE_FIELDS: &[&str] = &[
     "lock",
     "server",
     "setup",
+    "faults",
     "steps",
     "unrepresentable",
     "expect",
@@ -41,7 +47,39 @@ const LOCK_FIELDS: &[&str] = &[
     "watchdog",
     "retry_attempts",
 ];
-const EXPECT_FIELDS: &[&str] = &["acquire", "reason", "message", "within_ms", "on_lost_calls"];
+const EXPECT_FIELDS: &[&str] = &[
+    "acquire",
+    "reason",
+    "message",
+    "within_ms",
+    "on_lost_calls",
+    "sent",
+    "one_token",
+];
+const FAULT_FIELDS: &[&str] = &["at", "nth", "fault", "error"];
+/// Each step and the fields it takes besides `do`.
+const STEPS: &[(&str, &[&str])] = &[
+    ("server", &["command"]),
+    ("wait-server-expiry", &[]),
+    ("check-lost", &["expect"]),
+    ("release", &["expect"]),
+    ("check-server", &["expect"]),
+    ("wait-sent", &["command", "count"]),
+    ("wait-paused", &[]),
+    ("resume", &[]),
+    ("wait-lost-reported", &[]),
+];
+/// Steps that use the helper's grant; the others may follow an acquire that granted nothing.
+const GRANT_STEPS: &[&str] = &[
+    "check-lost",
+    "release",
+    "wait-sent",
+    "wait-paused",
+    "resume",
+    "wait-lost-reported",
+];
+/// The commands whose third word is the helper's token.
+const TOKEN_COMMANDS: &[&str] = &["LOCK.ACQUIRE", "LOCK.RENEW", "LOCK.RELEASE"];
 
 fn load_cases() -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/cases.json");
@@ -64,6 +102,56 @@ fn strings(value: &Value) -> Vec<String> {
         .collect()
 }
 
+/// The case's faults: those on commands, for `Faulty`, and the watchdog's pause, if any.
+fn faults(case: &Value) -> Result<(Vec<Fault>, Option<Pause>), String> {
+    let mut on_commands = Vec::new();
+    let mut pause = None;
+    for fault in case
+        .get("faults")
+        .map(|v| v.as_array().expect("faults"))
+        .into_iter()
+        .flatten()
+    {
+        let at = fault["at"].as_str().expect("at").to_string();
+        let nth = match &fault["nth"] {
+            Value::String(every) if every == "every" => Nth::Every,
+            Value::Number(n) => Nth::These(vec![n.as_u64().expect("nth") as usize]),
+            Value::Array(ns) => Nth::These(
+                ns.iter()
+                    .map(|n| n.as_u64().expect("nth") as usize)
+                    .collect(),
+            ),
+            other => return Err(format!("nth {other}")),
+        };
+        let kind = match (fault["fault"].as_str(), fault["error"].as_str()) {
+            (Some("pause"), None) if at == "watchdog" => {
+                let Nth::These(ns) = &nth else {
+                    return Err("a pause takes one nth".to_string());
+                };
+                // The watchdog's rounds count from 0.
+                pause = Some(Pause::at_round(ns[0] as u32 - 1));
+                continue;
+            }
+            (Some("drop-reply"), None) => FaultKind::DropReply,
+            (Some("reply-error"), Some(text)) => FaultKind::ReplyError(text.to_string()),
+            _ => return Err(format!("unknown fault {fault}")),
+        };
+        on_commands.push(Fault { at, nth, kind });
+    }
+    Ok((on_commands, pause))
+}
+
+/// Lets a paused watchdog go when a case ends, passed or not.
+struct GoOnDrop(Option<Pause>);
+
+impl Drop for GoOnDrop {
+    fn drop(&mut self) {
+        if let Some(pause) = &self.0 {
+            pause.go();
+        }
+    }
+}
+
 /// What acquiring came to, in the table's words: (outcome, detail).
 fn outcome(result: &Result<LockGuard, Error>) -> (&'static str, String) {
     match result {
@@ -72,7 +160,8 @@ fn outcome(result: &Result<LockGuard, Error>) -> (&'static str, String) {
         Err(Error::NotAcquired) => ("not-acquired", String::new()),
         Err(Error::Connection(e)) => ("connection-error", e.to_string()),
         Err(Error::Unknown(e)) => ("unknown", e.to_string()),
-        Err(Error::Redis(e)) => ("server-error", e.to_string()),
+        // The redis crate words a known error code its own way ("Moved: ..."): add the code.
+        Err(Error::Redis(e)) => ("server-error", format!("{} {e}", e.code().unwrap_or(""))),
         Err(other) => ("other", other.to_string()),
     }
 }
@@ -144,16 +233,21 @@ impl Runner {
             }
             other => return Err(format!("unknown server {other:?}")),
         };
+        let (command_faults, pause) = faults(case)?;
+        let connector = Faulty::new(redis::Client::open(url).expect("client"), command_faults);
         let lost_calls = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&lost_calls);
         let mut lock = Lock::new(
-            redis::Client::open(url).expect("client"),
+            connector.clone(),
             key.clone(),
             Duration::from_millis(ttl_ms.unsigned_abs()),
         )
         .on_lost(move |_| {
             counter.fetch_add(1, Ordering::SeqCst);
         });
+        if let Some(pause) = &pause {
+            lock = lock.before_renewal(pause.hook());
+        }
         if let Some(ms) = wait_ms {
             // As the server's WAIT: 0 waits without limit.
             lock = if ms == 0 {
@@ -184,6 +278,10 @@ impl Runner {
         let result = lock.acquire();
         let elapsed = start.elapsed();
         let (got, detail) = outcome(&result);
+        let mut guard = result.ok();
+        // Declared after the guard, so dropped first: a paused watchdog goes on before the
+        // guard's drop waits for it.
+        let _go = GoOnDrop(pause.clone());
         let wanted = expect["acquire"].as_str().expect("acquire");
         if got != wanted {
             return Err(format!("acquire: {got} ({detail}), table says {wanted}"));
@@ -210,17 +308,18 @@ impl Runner {
                 return Err(format!("took {elapsed:?}, table says under {bound} ms"));
             }
         }
-        let mut guard = result.ok();
+        let fence = guard.as_ref().map(LockGuard::fence);
         for step in case
             .get("steps")
             .map(|v| v.as_array().expect("steps"))
             .into_iter()
             .flatten()
         {
-            let Some(held) = guard.as_ref() else {
-                return Err(format!("step {step} without a held guard"));
-            };
-            match step["do"].as_str().expect("do") {
+            let action = step["do"].as_str().expect("do");
+            if guard.is_none() && fence.is_none() && GRANT_STEPS.contains(&action) {
+                return Err(format!("step {step} needs a grant"));
+            }
+            match action {
                 "server" => {
                     if let Reply::Error(e) = self.admin.call(&with_key(strings(&step["command"]))) {
                         return Err(format!("step {step}: {e}"));
@@ -231,21 +330,71 @@ impl Runner {
                         (!self.held(&key)).then_some(())
                     });
                 }
+                "check-server" => {
+                    let info = lock_info(&mut self.admin, &key);
+                    for (field, wanted) in object(&step["expect"]) {
+                        let wanted = match wanted {
+                            Value::String(f) if f == "$FENCE" => Value::from(fence.expect("fence")),
+                            other => other.clone(),
+                        };
+                        let got = match (&info, field.as_str()) {
+                            (None, "state") => Value::from("none"),
+                            (None, _) => Value::Null,
+                            (Some(fields), _) => fields
+                                .iter()
+                                .find(|(name, _)| name == field)
+                                .map_or(Value::Null, |(_, reply)| match reply {
+                                    Reply::Int(n) => Value::from(*n),
+                                    other => Value::from(other.text()),
+                                }),
+                        };
+                        if got != wanted {
+                            return Err(format!("LOCK.INFO {field} is {got}, step {step}"));
+                        }
+                    }
+                }
                 "check-lost" => {
+                    let Some(held) = guard.as_ref() else {
+                        return Err(format!("step {step} after the release"));
+                    };
                     if held.is_lost() != step["expect"] {
                         return Err(format!("is_lost() {}, step {step}", held.is_lost()));
                     }
                 }
                 "release" => {
-                    let released = guard.take().expect("guard").release();
-                    match released {
+                    let Some(held) = guard.take() else {
+                        return Err(format!("step {step} after the release"));
+                    };
+                    match held.release() {
                         Ok(r) if r == step["expect"] => {}
                         other => return Err(format!("release {other:?}, step {step}")),
                     }
                 }
+                "wait-sent" => {
+                    let command = step["command"].as_str().expect("command");
+                    let count = step["count"].as_u64().expect("count") as usize;
+                    wait_for(&format!("{count} {command} sent"), || {
+                        (connector.count(command) >= count).then_some(())
+                    });
+                }
+                "wait-paused" => match &pause {
+                    Some(pause) => pause.wait_reached(),
+                    None => return Err("wait-paused without a pause fault".to_string()),
+                },
+                "resume" => {
+                    if let Some(pause) = &pause {
+                        pause.go();
+                    }
+                }
+                "wait-lost-reported" => {
+                    wait_for("on_lost to be called", || {
+                        (lost_calls.load(Ordering::SeqCst) > 0).then_some(())
+                    });
+                }
                 other => return Err(format!("unknown step {other:?}")),
             }
         }
+        drop(_go);
         drop(guard);
         let wanted_calls = expect
             .get("on_lost_calls")
@@ -256,6 +405,23 @@ impl Runner {
             return Err(format!(
                 "on_lost called {got_calls} times, table says {wanted_calls}"
             ));
+        }
+        for (command, count) in expect.get("sent").map(object).into_iter().flatten() {
+            let sent = connector.count(command) as u64;
+            if Some(sent) != count.as_u64() {
+                return Err(format!("{sent} {command} sent, table says {count}"));
+            }
+        }
+        if expect.get("one_token").is_some_and(|v| v == true) {
+            let tokens: HashSet<String> = connector
+                .commands()
+                .into_iter()
+                .filter(|words| TOKEN_COMMANDS.contains(&words[0].to_uppercase().as_str()))
+                .map(|words| words[2].clone())
+                .collect();
+            if tokens.len() != 1 {
+                return Err(format!("{} tokens, table says one", tokens.len()));
+            }
         }
         Ok(())
     }
@@ -286,6 +452,41 @@ fn the_table_is_well_formed() {
                 );
             }
         }
+        for fault in case
+            .get("faults")
+            .map(|v| v.as_array().expect("faults"))
+            .into_iter()
+            .flatten()
+        {
+            for field in object(fault).keys() {
+                assert!(
+                    FAULT_FIELDS.contains(&field.as_str()),
+                    "{name}: unknown fault field {field}"
+                );
+            }
+        }
+        assert!(faults(case).is_ok(), "{name}: {:?}", faults(case).err());
+        for step in case
+            .get("steps")
+            .map(|v| v.as_array().expect("steps"))
+            .into_iter()
+            .flatten()
+        {
+            let action = step["do"].as_str().expect("do");
+            let (_, fields) = STEPS
+                .iter()
+                .find(|(known, _)| *known == action)
+                .unwrap_or_else(|| panic!("{name}: unknown step {action}"));
+            let mut got: Vec<&str> = object(step)
+                .keys()
+                .map(String::as_str)
+                .filter(|f| *f != "do")
+                .collect();
+            got.sort_unstable();
+            let mut wanted = fields.to_vec();
+            wanted.sort_unstable();
+            assert_eq!(got, wanted, "{name}: the fields of step {action}");
+        }
     }
 }
 
@@ -296,14 +497,34 @@ fn every_case_of_the_shared_table() {
     let server = Server::start();
     let admin = server.conn();
     let mut runner = Runner { server, admin };
+    let mut results = std::env::var_os("CONFORMANCE_RESULTS").map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("CONFORMANCE_RESULTS")
+    });
     let failures: Vec<String> = cases
         .iter()
         .enumerate()
         .filter_map(|(serial, case)| {
-            runner
-                .run(case, serial)
-                .err()
-                .map(|why| format!("{}: {why}", case["name"]))
+            let name = case["name"].as_str().expect("name");
+            let outcome = runner.run(case, serial);
+            if let Some(out) = results.as_mut() {
+                let skipped = case
+                    .get("unrepresentable")
+                    .map(strings)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|h| h == HELPER);
+                let result = match (&outcome, skipped) {
+                    (Err(_), _) => "fail",
+                    (Ok(()), true) => "skip",
+                    (Ok(()), false) => "pass",
+                };
+                writeln!(out, "{HELPER}\t{name}\t{result}").expect("CONFORMANCE_RESULTS");
+            }
+            outcome.err().map(|why| format!("{name}: {why}"))
         })
         .collect();
     assert!(
