@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,27 +148,27 @@ class Row:
 
 ROWS = [
     Row("module", "module alone", "module",
-        "primary's memory; AOF fsync within 1 s",
+        "the primary's memory (its AOF fsyncs within 1 s)",
         "The primary answers from memory. Its AOF (`appendfsync everysec`) reaches the disk "
         "within about a second; there is no other copy. A kill -9 or power loss can lose the "
         "last second of grants; losing the machine loses the lock service."),
     Row("replica", "module + 1 replica", "module",
-        "primary's memory; the replica gets it after the reply",
+        "the primary's memory (the replica's soon after)",
         "The primary answers from memory and replicates afterwards (both AOF everysec). A "
         "failover to the replica can lose the latest grants, those it had not yet received."),
     Row("sync", "module + 1 replica, `SYNC 1 1000`", "module",
-        "in the memory of both (replica acknowledged); no fsync yet",
+        "the memory of both servers (the replica acknowledged it); not yet fsynced",
         "The reply waits until the replica acknowledged receiving the grant (into its memory: "
         "neither server fsyncs before the reply; a grant not acknowledged within 1000 ms is "
         "taken back). Survives losing one machine, if the replica is then promoted (Sentinel or "
         "an operator: the module elects nothing); not both losing power within the same second."),
     Row("etcd", "etcd, 3 members, Lock RPC", "etcd",
-        "fsynced to the WAL of 2 of 3 members",
+        "the fsynced WAL of 2 of the 3 members",
         "A grant is a write through Raft: the leader answers once a majority (2 of 3) has the "
         "entry in its WAL, fsynced. Survives losing any one member, and elects a new leader by "
         "itself."),
     Row("zookeeper", "ZooKeeper, 3 servers, kazoo Lock", "zookeeper",
-        "fsynced to the transaction log of 2 of 3 servers",
+        "the fsynced transaction log of 2 of the 3 servers",
         "A grant is a node created through Zab: the leader commits once a quorum (2 of 3) has "
         "logged the transaction and fsynced it (`forceSync=yes`). Survives losing any one "
         "server, and elects a new leader by itself."),
@@ -380,11 +381,16 @@ def results_section(rows, header):
     return "\n".join(lines)
 
 
+def workers_share(figures):
+    """The workers' CPU time, in percentage points of all cores' time."""
+    return figures["clients_us"] * figures["per_sec"] / (os.cpu_count() * 1e6) * 100
+
+
 def readme_table(rows):
     """The README's table: the main figures, the durability in a few words, and the ratios."""
     lines = [
         "| setup | critical sections/s | handoff p50 / p99 (ms) | servers' CPU per critical "
-        "section (µs) | when the reply arrives, the grant is |",
+        "section (µs) | when the reply arrives, the grant is in |",
         "|---|---|---|---|---|",
     ]
     figures = {row.key: medians(row) for row in rows}
@@ -401,10 +407,13 @@ def readme_table(rows):
             f"{sync['per_sec'] / zk['per_sec']:.1f}x ZooKeeper's critical sections per second, "
             f"for {sync['server_us'] / etcd['server_us'] * 100:.0f}% and "
             f"{sync['server_us'] / zk['server_us'] * 100:.0f}% of their servers' CPU time per "
-            f"critical section. The servers and workers of a row kept the two cores "
-            f"{sync['own'] * 100:.0f}% busy with the module and SYNC, {etcd['own'] * 100:.0f}% "
-            f"with etcd and {zk['own'] * 100:.0f}% with ZooKeeper.",
+            f"critical section. The servers and workers of a row kept the {os.cpu_count()} cores "
+            f"{sync['own'] * 100:.0f}% busy with the module and SYNC (the workers' Python "
+            f"clients {workers_share(sync):.0f} points of it), {etcd['own'] * 100:.0f}% with "
+            f"etcd ({workers_share(etcd):.0f}) and {zk['own'] * 100:.0f}% with ZooKeeper "
+            f"({workers_share(zk):.0f}).",
         ]
+        lines[-1] = textwrap.fill(lines[-1], width=100)
     return "\n".join(lines) + "\n"
 
 
