@@ -58,6 +58,15 @@ pub enum LockError {
     },
     /// SYNC where the client cannot wait (MULTI, scripts).
     SyncCannotWait,
+    /// FSYNC: the change was not fsynced to the AOF in time. `undone`: a new grant, taken back.
+    NotFsynced {
+        undone: bool,
+        timeout_ms: u64,
+    },
+    /// FSYNC where the client cannot wait (MULTI, scripts).
+    FsyncCannotWait,
+    /// FSYNC on a server without the AOF.
+    FsyncNeedsAof,
     /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -145,6 +154,23 @@ impl LockError {
             LockError::SyncCannotWait => "ERR SYNC cannot wait for replicas inside MULTI or a \
                  script; send WAIT after EXEC instead"
                 .into(),
+            LockError::NotFsynced {
+                undone: true,
+                timeout_ms,
+            } => format!(
+                "ERR the grant was not fsynced to the AOF within {timeout_ms} ms and was undone"
+            ),
+            LockError::NotFsynced {
+                undone: false,
+                timeout_ms,
+            } => format!(
+                "ERR the change was not fsynced to the AOF within {timeout_ms} ms: a crash of \
+                 this machine may lose it"
+            ),
+            LockError::FsyncCannotWait => "ERR FSYNC cannot wait inside MULTI or a script; send \
+                 WAITAOF after EXEC instead"
+                .into(),
+            LockError::FsyncNeedsAof => "ERR FSYNC needs appendonly yes".into(),
             LockError::InternalCommand(name) => format!(
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),

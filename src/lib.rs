@@ -78,6 +78,9 @@ const SYNC: ArgDef = ArgDef::new(
 )
 .token(c"SYNC")
 .optional();
+const FSYNC: ArgDef = ArgDef::new(c"fsync-timeout-ms", ArgKind::Integer)
+    .token(c"FSYNC")
+    .optional();
 const LABEL: ArgDef = ArgDef::new(c"label", ArgKind::String)
     .token(c"LABEL")
     .optional();
@@ -102,6 +105,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ArgDef::new(c"reentrant", ArgKind::PureToken).token(c"REENTRANT").optional(),
             ArgDef::new(c"session", ArgKind::PureToken).token(c"SESSION").optional(),
             SYNC,
+            FSYNC,
             ArgDef::new(c"lock-delay", ArgKind::Integer).token(c"LOCKDELAY").optional(),
             ArgDef::new(
                 c"mode",
@@ -136,7 +140,7 @@ pub static COMMANDS: &[CommandDef] = &[
         keys: Keys::First(KeyAccess::ReadWrite),
         summary: c"Extends the lease to ttl-ms from now if the token holds the lock.",
         complexity: PER_HOLDER,
-        args: &[KEY, TOKEN, TTL, SYNC],
+        args: &[KEY, TOKEN, TTL, SYNC, FSYNC],
         acl: c"",
         since: SINCE,
     },
@@ -362,6 +366,8 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         ctx,
         service::acks::before_sleep,
     ));
+    // FSYNC: the previous turn's AOF write is looked at right after the sleep.
+    host::events::on_after_sleep(service::fsync::after_sleep);
     service::safety::check(ctx);
     host::log_notice(&format!(
         "lock module {VERSION} (MODULE LIST ver {MODULE_VERSION}): on {}; {}",

@@ -183,6 +183,10 @@ pub static SESSION_RELEASED: Counter = Counter::new();
 /// SYNC replies sent once the replicas acknowledged, and those that gave up.
 pub static SYNC_CONFIRMED: Counter = Counter::new();
 pub static SYNC_FAILED: Counter = Counter::new();
+/// FSYNC: the module's fdatasyncs of the AOF files (each confirms every change waiting for it),
+/// and those that failed.
+pub static FSYNCS: Counter = Counter::new();
+pub static FSYNC_ERRORS: Counter = Counter::new();
 /// Free locks deleted after `lock.tombstone-ttl`.
 pub static RECLAIMED: Counter = Counter::new();
 pub static FENCE_CHECKS: Counter = Counter::new();
@@ -219,6 +223,8 @@ pub fn fields() -> Vec<(&'static str, i64)> {
         ("reclaimed", c(&RECLAIMED)),
         ("sync_confirmed", c(&SYNC_CONFIRMED)),
         ("sync_failed", c(&SYNC_FAILED)),
+        ("fsyncs", c(&FSYNCS)),
+        ("fsync_errors", c(&FSYNC_ERRORS)),
         ("fence_checks", c(&FENCE_CHECKS)),
         ("fence_rejects", c(&FENCE_REJECTS)),
         ("delayed", c(&DELAYED)),

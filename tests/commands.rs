@@ -317,7 +317,7 @@ fn bad_tokens_and_options_are_refused_and_change_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "FOO"],
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)",
+            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL)",
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "a", "1000", "REENTRANT", "REENTRANT"],

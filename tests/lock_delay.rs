@@ -181,7 +181,7 @@ fn bad_lock_delays_are_refused_and_change_nothing() {
     assert_eq!(
         acquire_with(&mut c, "lk", "t", 1000, &["LOCKDELAYS", "5"]),
         Reply::error(
-            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)"
+            "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL)"
         )
     );
 }

@@ -206,7 +206,7 @@ fn sync_is_refused_where_a_client_cannot_wait_and_bad_values_change_nothing() {
         ),
         (
             vec!["LOCK.RENEW", "k", "t", "1000", "BOGUS"],
-            "ERR unknown option at argument 4 (expected SYNC)",
+            "ERR unknown option at argument 4 (expected SYNC or FSYNC)",
         ),
     ] {
         assert_eq!(c.call(&args), Reply::error(error), "{args:?}");

@@ -234,6 +234,17 @@ pub fn on_before_sleep(ctx: &Context, hook: fn(&Context)) -> bool {
     unsafe { subscribe(ctx.ctx, event, Some(event_loop)) == OK }
 }
 
+/// What runs just after each event-loop sleep (see [`on_after_sleep`]).
+static AFTER_SLEEP: OnceLock<fn(&Context)> = OnceLock::new();
+
+/// Runs `hook` on every turn of the event loop, just after it slept: before the turn's events
+/// (commands, timers) run, after the previous turn's replies and AOF write. Needs the
+/// subscription [`on_before_sleep`] made (it shares it); the hook must return at once when it
+/// has nothing to do.
+pub fn on_after_sleep(hook: fn(&Context)) {
+    let _ = AFTER_SLEEP.set(hook);
+}
+
 extern "C" fn event_loop(
     ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
@@ -241,12 +252,28 @@ extern "C" fn event_loop(
     _data: *mut c_void,
 ) {
     guarded((), || {
-        if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-            if let Some(hook) = BEFORE_SLEEP.get() {
-                hook(&Context::new(ctx));
-            }
+        let hook = match subevent {
+            raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP => BEFORE_SLEEP.get(),
+            raw::REDISMODULE_SUBEVENT_EVENTLOOP_AFTER_SLEEP => AFTER_SLEEP.get(),
+            _ => None,
+        };
+        if let Some(hook) = hook {
+            hook(&Context::new(ctx));
         }
     });
+}
+
+/// Wakes the event loop from any thread (its turn then runs the sleep hooks); nothing happens
+/// when the server lacks the API (the module's timers look soon enough).
+pub fn wake_event_loop() {
+    extern "C" fn nothing(_data: *mut c_void) {}
+    // SAFETY: reading the API table Redis filled in at load; the function may be called from
+    // any thread, with a callback that touches nothing.
+    unsafe {
+        if let Some(add) = raw::RedisModule_EventLoopAddOneShot {
+            add(Some(nothing), std::ptr::null_mut());
+        }
+    }
 }
 
 extern "C" fn keyspace_event<L: Listener>(

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use redis_module::{raw, Context, ContextFlags, RedisString};
+use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue};
 
 use crate::host::OK;
 
@@ -123,6 +123,66 @@ pub fn info_field(ctx: &Context, section: &CStr, field: &CStr) -> Option<String>
         let text = (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned());
         free(ctx.ctx, info);
         text
+    }
+}
+
+/// What INFO persistence says of the AOF (read without running INFO).
+#[derive(Clone, Copy, Debug)]
+pub struct AofState {
+    /// `appendonly yes` (or being switched on).
+    pub enabled: bool,
+    /// Nothing waits in the AOF buffer to be written.
+    pub buffer_empty: bool,
+    /// The last write succeeded.
+    pub write_ok: bool,
+}
+
+/// The AOF's state (`None`: the server does not say).
+pub fn aof_written(ctx: &Context) -> Option<AofState> {
+    // SAFETY: reading the API table Redis filled in at load.
+    let (get, signed, text, free) = unsafe {
+        (
+            raw::RedisModule_GetServerInfo?,
+            raw::RedisModule_ServerInfoGetFieldSigned?,
+            raw::RedisModule_ServerInfoGetFieldC?,
+            raw::RedisModule_FreeServerInfo?,
+        )
+    };
+    // SAFETY: a valid context and NUL-terminated names; every field is read (and its text
+    // compared) before the info data is freed, exactly once.
+    unsafe {
+        let info = get(ctx.ctx, c"persistence".as_ptr());
+        if info.is_null() {
+            return None;
+        }
+        let mut err: std::ffi::c_int = 0;
+        let enabled = signed(info, c"aof_enabled".as_ptr(), &mut err) == 1 && err == 0;
+        let buffer = signed(info, c"aof_buffer_length".as_ptr(), &mut err);
+        let buffer_empty = buffer == 0 && err == 0;
+        let status = text(info, c"aof_last_write_status".as_ptr());
+        let write_ok = !status.is_null() && CStr::from_ptr(status).to_bytes() == b"ok";
+        free(ctx.ctx, info);
+        Some(AofState {
+            enabled,
+            buffer_empty,
+            write_ok,
+        })
+    }
+}
+
+/// A configuration parameter's value, by `CONFIG GET` (`None` when there is no such parameter).
+pub fn config_text(ctx: &Context, name: &str) -> Option<String> {
+    match ctx.call("CONFIG", &["GET", name]) {
+        Ok(RedisValue::Array(pair)) => match pair.get(1) {
+            Some(RedisValue::SimpleString(value)) => Some(value.clone()),
+            Some(RedisValue::BulkString(value)) => Some(value.clone()),
+            Some(RedisValue::BulkRedisString(value)) => Some(value.to_string_lossy()),
+            Some(RedisValue::StringBuffer(value)) => {
+                Some(String::from_utf8_lossy(value).into_owned())
+            }
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -23,12 +23,33 @@ use crate::lock::core;
 use crate::lock::KeyRef;
 use crate::metrics;
 
-/// `SYNC numreplicas timeout-ms`: the reply waits until that many replicas acknowledged the
-/// change, for at most that long.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `SYNC numreplicas timeout-ms` and `FSYNC timeout-ms`: the reply waits until that many
+/// replicas acknowledged the change, and (FSYNC) until it is fsynced to this server's AOF, each
+/// for at most its timeout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyncRequest {
     pub replicas: u64,
     pub timeout_ms: u64,
+    /// FSYNC's timeout, when given.
+    pub fsync_ms: Option<u64>,
+}
+
+impl SyncRequest {
+    /// True when the reply has anything to wait for (`SYNC 0 ms` alone has not).
+    pub fn waits(&self) -> bool {
+        self.replicas > 0 || self.fsync_ms.is_some()
+    }
+
+    /// These options with FSYNC's timeout (none: `SYNC` alone).
+    pub fn with_fsync(sync: Option<SyncRequest>, fsync_ms: Option<u64>) -> Option<SyncRequest> {
+        match (sync, fsync_ms) {
+            (sync, None) => sync,
+            (sync, Some(ms)) => Some(SyncRequest {
+                fsync_ms: Some(ms),
+                ..sync.unwrap_or_default()
+            }),
+        }
+    }
 }
 
 /// What a queued acquirer asked for.
@@ -59,7 +80,7 @@ impl Request {
             session: self.session,
             delay: self.delay,
             mode: self.mode,
-            provisional: self.sync.is_some_and(|s| s.replicas > 0),
+            provisional: self.sync.is_some_and(|s| s.waits()),
             client: self.client,
             connection: &self.connection,
             label: &self.label,
@@ -404,7 +425,7 @@ impl<H> Queues<H> {
             .and_then(|q| q.acquirers.first_key_value())
             .is_some_and(|(_, slot)| {
                 matches!(slot, Slot::Waiter(w)
-                    if matches!(&w.kind, Kind::Acquire(r) if r.sync.is_some_and(|s| s.replicas > 0)))
+                    if matches!(&w.kind, Kind::Acquire(r) if r.sync.is_some_and(|s| s.waits())))
             })
     }
 

@@ -1,4 +1,6 @@
-//! Replies that wait for replicas: `SYNC numreplicas timeout-ms` on LOCK.ACQUIRE and LOCK.RENEW.
+//! Replies that wait for replicas: `SYNC numreplicas timeout-ms` on LOCK.ACQUIRE and LOCK.RENEW;
+//! and for the AOF's fsync, `FSYNC timeout-ms` (its turn is noticed by `fsync`), alone or with
+//! SYNC, decided and taken back the same way.
 //!
 //! The change is made and replicated at once; its client stays blocked (on the lock's key, like a
 //! waiter, but in no queue) while a 1 ms timer watches the replicas: the first run after the
@@ -34,6 +36,7 @@ use crate::lock::KeyRef;
 use crate::metrics;
 use crate::service::audit;
 use crate::service::change::{change, reclaim_if_due};
+use crate::service::fsync;
 use crate::service::value::{in_key, in_key_mut};
 use crate::service::waiters;
 
@@ -61,6 +64,8 @@ struct Pending {
     deadline: Instant,
     /// The replication offset that covers the change, read on the first run after it.
     target: Option<i64>,
+    /// FSYNC: the event-loop turn of the change (see `fsync`), and when that wait gives up.
+    fsync: Option<(u64, Instant)>,
     /// When the replicas were last asked to acknowledge.
     asked: Option<Instant>,
     /// The client went away (or was unblocked) before its answer.
@@ -125,6 +130,9 @@ pub fn track(
         sync,
         deadline: Instant::now() + Duration::from_millis(sync.timeout_ms),
         target: None,
+        fsync: sync
+            .fsync_ms
+            .map(|ms| (fsync::tag(), Instant::now() + Duration::from_millis(ms))),
         asked: None,
         abandoned: false,
     });
@@ -157,11 +165,20 @@ pub fn abandon_answer(ctx: &Context, id: u64) -> Option<LockError> {
     // Told undone unless it stands for good: a provisional grant may still be made firm before
     // the next run, which keeps it (the safe way round: the client was told not to rely on it).
     let undone = grant.is_some_and(|(token, fence)| !is_firm(ctx, &key, &token, fence));
-    Some(LockError::NotAcknowledged {
-        undone,
-        replicas: sync.replicas,
-        timeout_ms: sync.timeout_ms,
-    })
+    Some(failure(&sync, sync.replicas > 0, undone))
+}
+
+/// The error for a wait that did not get what it asked for: the replicas' acknowledgement when
+/// they were asked for and missing (`replicas_missing`), the fsync otherwise.
+fn failure(sync: &SyncRequest, replicas_missing: bool, undone: bool) -> LockError {
+    match sync.fsync_ms {
+        Some(timeout_ms) if !replicas_missing => LockError::NotFsynced { undone, timeout_ms },
+        _ => LockError::NotAcknowledged {
+            undone,
+            replicas: sync.replicas,
+            timeout_ms: sync.timeout_ms,
+        },
+    }
 }
 
 /// True when `token` still holds the lock under `key` with the grant `fence`, no longer
@@ -184,7 +201,10 @@ fn is_firm(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64) -> bool 
 
 enum Outcome {
     Confirmed,
-    TimedOut,
+    /// `replicas`: the replicas' acknowledgement was missing (else the fsync).
+    TimedOut {
+        replicas: bool,
+    },
     Abandoned,
 }
 
@@ -210,6 +230,7 @@ fn check(ctx: &Context) {
     };
     let now = Instant::now();
     let quiet = avoid_replica_traffic();
+    let fsynced = fsync::fsynced_through();
     let mut ask = false;
     let mut decided = Vec::new();
     {
@@ -219,14 +240,21 @@ fn check(ctx: &Context) {
             let p = &mut pending[i];
             let target = *p.target.get_or_insert(offset);
             let acks = acked.iter().filter(|a| **a >= target).count();
+            let enough = u64::try_from(acks).unwrap_or(0) >= p.sync.replicas;
+            let durable = p.fsync.is_none_or(|(turn, _)| fsynced >= turn);
+            let fsync_late = p.fsync.is_some_and(|(_, until)| now >= until);
             let outcome = if p.abandoned && !quiet {
                 Some(Outcome::Abandoned)
             } else if p.abandoned {
                 None
-            } else if u64::try_from(acks).unwrap_or(0) >= p.sync.replicas {
+            } else if enough && durable {
                 Some(Outcome::Confirmed)
-            } else if now >= p.deadline && !quiet {
-                Some(Outcome::TimedOut)
+            } else if !enough && now >= p.deadline && !quiet {
+                Some(Outcome::TimedOut { replicas: true })
+            } else if !durable && fsync_late && !quiet {
+                Some(Outcome::TimedOut { replicas: false })
+            } else if enough {
+                None
             } else {
                 if p.asked.is_none_or(|at| now >= at + ASK_AGAIN) {
                     ask = true;
@@ -255,7 +283,7 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
             metrics::SYNC_CONFIRMED.incr();
             Ok(p.reply)
         }
-        Outcome::TimedOut | Outcome::Abandoned => {
+        Outcome::TimedOut { .. } | Outcome::Abandoned => {
             metrics::SYNC_FAILED.incr();
             let undone = match &p.confirms {
                 // Undone unless its token made it firm: taken back now, or already ended
@@ -263,11 +291,11 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
                 Confirms::Grant { token, fence } => !take_back(ctx, &p.key, token, *fence, now),
                 Confirms::Change => false,
             };
-            Err(LockError::NotAcknowledged {
-                undone,
-                replicas: p.sync.replicas,
-                timeout_ms: p.sync.timeout_ms,
-            })
+            let replicas = match outcome {
+                Outcome::TimedOut { replicas } => replicas,
+                _ => p.sync.replicas > 0,
+            };
+            Err(failure(&p.sync, replicas, undone))
         }
     };
     if !matches!(outcome, Outcome::Abandoned) {

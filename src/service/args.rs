@@ -131,7 +131,23 @@ fn sync_option<'a>(
     Ok(SyncRequest {
         replicas,
         timeout_ms,
+        fsync_ms: None,
     })
+}
+
+/// `timeout-ms` after the word FSYNC.
+fn fsync_option<'a>(
+    rest: &mut impl Iterator<Item = (usize, &'a RedisString)>,
+) -> Result<u64, LockError> {
+    let value = value_after(rest, "FSYNC timeout-ms", "missing after FSYNC")?;
+    let timeout_ms = duration(value, "FSYNC timeout-ms")?;
+    if timeout_ms > MAX_TIMEOUT_MS as u64 {
+        return Err(LockError::BadInteger {
+            name: "FSYNC timeout-ms",
+            detail: "too large",
+        });
+    }
+    Ok(timeout_ms)
 }
 
 /// A named option was given twice.
@@ -244,6 +260,7 @@ impl AcquireOptions {
         first: usize,
     ) -> Result<AcquireOptions, LockError> {
         let mut options = AcquireOptions::default();
+        let mut fsync = None;
         let mut rest = args.iter().enumerate();
         while let Some((at, arg)) = rest.next() {
             let word = arg.as_slice();
@@ -258,6 +275,9 @@ impl AcquireOptions {
             } else if word.eq_ignore_ascii_case(b"SYNC") {
                 once(&options.sync, "SYNC")?;
                 options.sync = Some(sync_option(&mut rest)?);
+            } else if word.eq_ignore_ascii_case(b"FSYNC") {
+                once(&fsync, "FSYNC")?;
+                fsync = Some(fsync_option(&mut rest)?);
             } else if word.eq_ignore_ascii_case(b"LOCKDELAY") {
                 once(&options.lock_delay, "LOCKDELAY")?;
                 let value = value_after(&mut rest, "lock-delay", "missing after LOCKDELAY")?;
@@ -279,10 +299,11 @@ impl AcquireOptions {
                 return Err(unknown(
                     ctx,
                     first + at,
-                    "WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL",
+                    "WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL",
                 ));
             }
         }
+        options.sync = SyncRequest::with_fsync(options.sync, fsync);
         if options.lock_delay.is_some() && options.mode() != Mode::Exclusive {
             return Err(LockError::ExclusiveOnly("LOCKDELAY"));
         }
@@ -290,23 +311,28 @@ impl AcquireOptions {
     }
 }
 
-/// The options of `LOCK.RENEW`, after key, token and ttl-ms: `[SYNC numreplicas timeout-ms]`.
+/// The options of `LOCK.RENEW`, after key, token and ttl-ms: `[SYNC numreplicas timeout-ms]
+/// [FSYNC timeout-ms]`.
 pub fn renew_options(
     ctx: &Context,
     args: &[RedisString],
     first: usize,
 ) -> Result<Option<SyncRequest>, LockError> {
-    let mut sync = None;
+    let (mut sync, mut fsync) = (None, None);
     let mut rest = args.iter().enumerate();
     while let Some((at, arg)) = rest.next() {
-        if arg.as_slice().eq_ignore_ascii_case(b"SYNC") {
+        let word = arg.as_slice();
+        if word.eq_ignore_ascii_case(b"SYNC") {
             once(&sync, "SYNC")?;
             sync = Some(sync_option(&mut rest)?);
+        } else if word.eq_ignore_ascii_case(b"FSYNC") {
+            once(&fsync, "FSYNC")?;
+            fsync = Some(fsync_option(&mut rest)?);
         } else {
-            return Err(unknown(ctx, first + at, "SYNC"));
+            return Err(unknown(ctx, first + at, "SYNC or FSYNC"));
         }
     }
-    Ok(sync)
+    Ok(SyncRequest::with_fsync(sync, fsync))
 }
 
 /// The options of `LOCK.WHO`, after the key.

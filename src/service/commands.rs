@@ -10,12 +10,13 @@ use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{
     caller_id, client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
+    persistence,
 };
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Grant, Lock, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
-use crate::lock::queues::{Kind, Request};
+use crate::lock::queues::{Kind, Request, SyncRequest};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::acks::Confirms;
@@ -94,7 +95,26 @@ impl crate::host::command::DeclaresKeys for LockGuard {
     }
 }
 
-/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION] [SYNC n ms]
+/// SYNC and FSYNC need a client that can wait, and FSYNC an AOF.
+fn check_sync(ctx: &Context, sync: Option<SyncRequest>) -> Result<(), LockError> {
+    let Some(sync) = sync else {
+        return Ok(());
+    };
+    let fsync_alone = sync.fsync_ms.is_some() && sync.replicas == 0 && sync.timeout_ms == 0;
+    if !may_block(ctx) {
+        return Err(if fsync_alone {
+            LockError::FsyncCannotWait
+        } else {
+            LockError::SyncCannotWait
+        });
+    }
+    if sync.fsync_ms.is_some() && !persistence(ctx).0 {
+        return Err(LockError::FsyncNeedsAof);
+    }
+    Ok(())
+}
+
+/// `LOCK.ACQUIRE key token ttl-ms [WAIT timeout-ms] [REENTRANT] [SESSION] [SYNC n ms] [FSYNC ms]
 /// [LOCKDELAY ms] [SHARED | LIMIT n]`
 fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let [_, key_name, token, ttl, options @ ..] = args else {
@@ -104,9 +124,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(ctx, options, 4)?;
-    if options.sync.is_some() && !may_block(ctx) {
-        return Err(LockError::SyncCannotWait);
-    }
+    check_sync(ctx, options.sync)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -119,7 +137,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         session: options.session,
         delay: options.delay(),
         mode: options.mode(),
-        provisional: options.sync.is_some_and(|s| s.replicas > 0),
+        provisional: options.sync.is_some_and(|s| s.waits()),
         client,
         connection: &connection,
         label,
@@ -173,7 +191,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 metrics::ACQUIRE_WAIT.record(0);
             }
             metrics::ACQUIRED.incr();
-            match options.sync.filter(|s| s.replicas > 0) {
+            match options.sync.filter(SyncRequest::waits) {
                 Some(sync) => {
                     let confirms = match grant {
                         Acquire::Granted { .. } => Confirms::Grant {
@@ -239,9 +257,7 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
     let sync = args::renew_options(ctx, options, 4)?;
-    if sync.is_some() && !may_block(ctx) {
-        return Err(LockError::SyncCannotWait);
-    }
+    check_sync(ctx, sync)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let renewed = match in_key_mut(&key)? {
@@ -259,7 +275,7 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return Ok(RedisValue::Integer(0));
     }
     metrics::RENEWED.incr();
-    match sync.filter(|s| s.replicas > 0) {
+    match sync.filter(SyncRequest::waits) {
         Some(sync) => handoff::block_for_acks(ctx, key_name, Confirms::Change, 1, sync),
         None => Ok(RedisValue::Integer(1)),
     }

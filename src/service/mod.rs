@@ -10,7 +10,7 @@
 //!   fence; `multi`: LOCK.MACQUIRE and LOCK.MRELEASE, several keys at once; `who`: LOCK.WHO,
 //!   who holds a lock and who waits;
 //! - `handoff`: blocking and serving waiters;
-//! - `acks`: replies that wait for replicas (SYNC);
+//! - `acks`: replies that wait for replicas (SYNC) or the AOF's fsync (FSYNC, with `fsync`);
 //! - `change`: a change of a stored lock and what follows it;
 //! - `waiters`: the queues of waiting clients;
 //! - `effects`: announcing and replicating a change;
@@ -28,6 +28,7 @@ pub mod deferred;
 pub mod effects;
 pub mod events;
 pub mod expiry;
+pub mod fsync;
 pub mod guard;
 pub mod handoff;
 pub mod holds;

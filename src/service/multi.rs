@@ -92,6 +92,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let options = AcquireOptions::parse(ctx, options, token_position + 2)?;
     for (given, name) in [
         (options.reentrant, "REENTRANT"),
+        (options.sync.is_some_and(|s| s.fsync_ms.is_some()), "FSYNC"),
         (options.sync.is_some(), "SYNC"),
         (options.shared, "SHARED"),
         (options.limit.is_some(), "LIMIT"),

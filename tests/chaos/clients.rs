@@ -23,6 +23,10 @@ pub struct Load {
     /// `SYNC 1 <ms>` on each ACQUIRE and RENEW: the module answers only once a replica has the
     /// change (and takes back a grant none acknowledged).
     pub sync_ack: Option<u64>,
+    /// `FSYNC <ms>` on each ACQUIRE and RENEW: the module answers only once the change is
+    /// fsynced to the AOF (and takes back a grant that was not in time). No multi-lock rounds:
+    /// LOCK.MACQUIRE has no FSYNC.
+    pub fsync_ack: Option<u64>,
     /// Percent of grants whose holder stalls past its lease before writing.
     pub slow_pct: u64,
     /// Percent of grants never released (the lease runs out).
@@ -216,7 +220,7 @@ fn client_loop(id: usize, sh: &Shared) {
         let key = rng.pick(&sh.load.keys).clone();
         let token = format!("c{id}-{n}");
         let mode = mode_for(&key, &mut rng);
-        if is_plain(&key) && rng.chance(10) {
+        if is_plain(&key) && sh.load.fsync_ack.is_none() && rng.chance(10) {
             if multi_lock_round(c, sh, &mut rng, &key, &token).is_err() {
                 conn = None;
             }
@@ -226,6 +230,7 @@ fn client_loop(id: usize, sh: &Shared) {
         let ttl_s = ttl.to_string();
         let wait_s = rng.range(20, 400).to_string();
         let sync_s = sh.load.sync_ack.map(|ms| ms.to_string());
+        let fsync_s = sh.load.fsync_ack.map(|ms| ms.to_string());
         let limit_s = match mode {
             Mode::Permit(limit) => limit.to_string(),
             _ => String::new(),
@@ -241,6 +246,9 @@ fn client_loop(id: usize, sh: &Shared) {
         }
         if let Some(ms) = &sync_s {
             args.extend(["SYNC", "1", ms]);
+        }
+        if let Some(ms) = &fsync_s {
+            args.extend(["FSYNC", ms]);
         }
         let start = Stamp::now();
         let reply = match call(c, &args) {
@@ -260,8 +268,12 @@ fn client_loop(id: usize, sh: &Shared) {
                 }
                 continue;
             }
-            // SYNC: no replica acknowledged the grant in time, and it was taken back.
-            Reply::Error(e) if e.starts_with("NOREPLICAS") => {
+            // SYNC: no replica acknowledged the grant in time, and it was taken back; FSYNC: it
+            // was not fsynced in time, and was taken back.
+            Reply::Error(e)
+                if e.starts_with("NOREPLICAS")
+                    || e.starts_with("ERR the grant was not fsynced") =>
+            {
                 sh.history.unconfirmed.fetch_add(1, Relaxed);
                 continue;
             }
@@ -373,6 +385,9 @@ fn client_loop(id: usize, sh: &Shared) {
                 let mut renew = vec!["LOCK.RENEW", &key, &token, &ttl2_s];
                 if let Some(ms) = &sync_s {
                     renew.extend(["SYNC", "1", ms]);
+                }
+                if let Some(ms) = &fsync_s {
+                    renew.extend(["FSYNC", ms]);
                 }
                 // RENEW sets the lease to ttl2 from when the server runs it: it may shorten it.
                 // What the client can count on afterwards: confirmed, the new lease (at least
@@ -626,6 +641,7 @@ pub fn standard_load(prefix: &str) -> Load {
         queue_pct: 50,
         replica_ack: None,
         sync_ack: None,
+        fsync_ack: None,
         slow_pct: 3,
         abandon_pct: 2,
     }

@@ -43,6 +43,11 @@ fn command_docs_describe_every_lock_command() {
     assert_eq!(sync["token"].text(), "SYNC");
     assert_eq!(sync["type"].text(), "block");
     assert_eq!(texts(&sync["flags"]), ["optional"]);
+    // FSYNC takes one value.
+    let fsync = fields_map(&doc["arguments"].items()[7]);
+    assert_eq!(fsync["token"].text(), "FSYNC");
+    assert_eq!(fsync["type"].text(), "integer");
+    assert_eq!(texts(&fsync["flags"]), ["optional"]);
     let parts: Vec<String> = sync["arguments"]
         .items()
         .iter()
@@ -50,7 +55,7 @@ fn command_docs_describe_every_lock_command() {
         .collect();
     assert_eq!(parts, ["numreplicas", "timeout-ms"]);
     // SHARED or LIMIT n: one of two.
-    let mode = fields_map(&doc["arguments"].items()[8]);
+    let mode = fields_map(&doc["arguments"].items()[9]);
     assert_eq!(mode["type"].text(), "oneof");
     assert_eq!(texts(&mode["flags"]), ["optional"]);
     let choices: Vec<(String, String)> = mode["arguments"]

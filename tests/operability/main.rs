@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 24] = [
+const COUNTS: [&str; 26] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -39,6 +39,8 @@ const COUNTS: [&str; 24] = [
     "lock_reclaimed",
     "lock_sync_confirmed",
     "lock_sync_failed",
+    "lock_fsyncs",
+    "lock_fsync_errors",
     "lock_fence_checks",
     "lock_fence_rejects",
     "lock_delayed",
@@ -193,6 +195,7 @@ fn command_table() -> [(
                 "reentrant",
                 "session",
                 "sync",
+                "fsync-timeout-ms",
                 "lock-delay",
                 "mode",
                 "label",
@@ -202,7 +205,7 @@ fn command_table() -> [(
         ("lock.release", &["key", "token"], &["k2", "t"]),
         (
             "lock.renew",
-            &["key", "token", "ttl-ms", "sync"],
+            &["key", "token", "ttl-ms", "sync", "fsync-timeout-ms"],
             &["k3", "t", "100"],
         ),
         ("lock.fence", &["key", "fence"], &["k4", "5"]),

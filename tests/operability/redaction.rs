@@ -4,7 +4,7 @@ use crate::common::*;
 use crate::{texts, TOKEN};
 
 const UNKNOWN_AT_4: &str =
-    "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)";
+    "ERR unknown option at argument 4 (expected WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL)";
 
 /// Runs acquire, renew, refused acquires (an unknown option; the token put in an option's place
 /// by mistake), info, fence and release of `k` with [`TOKEN`].
@@ -182,7 +182,7 @@ fn refused_arguments_are_never_echoed_with_the_token() {
         // The token where an option belongs.
         (
             &["LOCK.ACQUIRE", "k", "other", "1000", "SESSION", TOKEN],
-            "ERR unknown option at argument 5 (expected WAIT, REENTRANT, SESSION, SYNC, LOCKDELAY, SHARED, LIMIT or LABEL)",
+            "ERR unknown option at argument 5 (expected WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL)",
         ),
         (
             &["LOCK.ACQUIRE", "k", TOKEN, "1000", "WAIT"],
