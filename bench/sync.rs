@@ -1,7 +1,9 @@
-//! `sync`: grants that wait for a replica (`SYNC 1 1000`) against the same grants without it,
-//! on a primary with one replica (both with the module, on loopback): 16 clients taking turns on
-//! one lock (critical sections per second, handoff from one release to the next grant), and one
-//! client's ACQUIRE and RENEW round trips. Rounds interleave the two modes; medians reported.
+//! `sync`: grants that wait for a replica (`SYNC 1 1000`), for the AOF's fsync (`FSYNC 1000`)
+//! or both, against the same grants without either, on a primary with one replica (both with the
+//! module, on loopback; the primary with `appendonly yes`, `appendfsync everysec`): 16 clients
+//! taking turns on one lock (critical sections per second, handoff from one release to the next
+//! grant), and one client's ACQUIRE and RENEW round trips. Rounds interleave the modes; medians
+//! reported.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +17,13 @@ use crate::util::{self, median, micros, percentile, progress, verdict, Pinning, 
 const CLIENTS: usize = 16;
 const KEY: &str = "bench:sync";
 const TTL: &str = "10000";
-const SYNC: [&str; 3] = ["SYNC", "1", "1000"];
+/// The modes compared: a name and what each ACQUIRE and RENEW adds.
+const MODES: [(&str, &[&str]); 4] = [
+    ("without", &[]),
+    ("SYNC 1", &["SYNC", "1", "1000"]),
+    ("FSYNC", &["FSYNC", "1000"]),
+    ("SYNC 1 + FSYNC", &["SYNC", "1", "1000", "FSYNC", "1000"]),
+];
 
 pub struct Outcome {
     pub table: String,
@@ -28,9 +36,9 @@ struct Run {
     handoffs: Vec<Duration>,
 }
 
-/// `CLIENTS` clients taking turns on one lock for `secs`, each ACQUIRE with `WAIT 0` (and SYNC
-/// when `sync`), then RELEASE at once.
-fn contend(primary: &Server, sync: bool, secs: f64) -> Run {
+/// `CLIENTS` clients taking turns on one lock for `secs`, each ACQUIRE with `WAIT 0` (and
+/// `extra`), then RELEASE at once.
+fn contend(primary: &Server, extra: &'static [&'static str], secs: f64) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let sections = Arc::new(AtomicU64::new(0));
     let released_at = Arc::new(AtomicU64::new(0));
@@ -51,9 +59,7 @@ fn contend(primary: &Server, sync: bool, secs: f64) -> Run {
             let mut conn = Conn::connect(port, PATIENCE).expect("connect");
             let token = format!("sync-client-{id:02}");
             let mut acquire = vec!["LOCK.ACQUIRE", KEY, &token, TTL, "WAIT", "0"];
-            if sync {
-                acquire.extend(SYNC);
-            }
+            acquire.extend(extra);
             ready.wait();
             while !stop.load(Ordering::SeqCst) {
                 let Ok(reply) = conn.try_send(&acquire).and_then(|()| conn.try_read()) else {
@@ -126,26 +132,25 @@ struct Series {
 }
 
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
-    let primary = pinning.server(util::bench_config());
+    let primary = pinning.server(
+        util::bench_config()
+            .with("appendonly", "yes")
+            .with("appendfsync", "everysec"),
+    );
     let replica = pinning.server(util::bench_config());
     replica.replicate_from(&primary);
     let rounds = settings.contention_rounds;
     let secs = settings.contention_secs;
     let trips = settings.handoff_rounds;
-    let mut contention = [Series::default(), Series::default()];
-    let mut acquire = [Series::default(), Series::default()];
-    let mut renew = [Series::default(), Series::default()];
+    let series = || std::array::from_fn::<Series, 4, _>(|_| Series::default());
+    let (mut contention, mut acquire, mut renew) = (series(), series(), series());
     for round in 0..rounds {
         progress(started, &format!("sync: round {}/{rounds}", round + 1));
-        // Alternate which mode goes first.
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for sync in order {
-            let at = usize::from(sync);
-            let run = contend(&primary, sync, secs);
+        // Rotate which mode goes first.
+        for step in 0..MODES.len() {
+            let at = (round + step) % MODES.len();
+            let extra = MODES[at].1;
+            let run = contend(&primary, extra, secs);
             contention[at].per_sec.push(run.per_sec);
             contention[at]
                 .p50
@@ -154,7 +159,6 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
                 .p99
                 .push(micros(percentile(&run.handoffs, 0.99)));
             wait_replica_caught_up(&primary, &replica);
-            let extra: &[&str] = if sync { &SYNC } else { &[] };
             let mut command = vec!["LOCK.ACQUIRE", "bench:sync:one", "t", TTL];
             command.extend(extra);
             let trips_acquire = round_trips(
@@ -181,42 +185,64 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     }
     let m = |values: &Vec<f64>| median(values);
     let mut table = String::from(
-        "### SYNC: grants a replica acknowledged before the reply\n\n\
-         A primary and one replica on loopback, both with the module. `SYNC 1 1000` against the \
-         same command without it, interleaved rounds, medians. Contention: 16 clients taking \
-         turns on one lock (`WAIT 0`, release at once); handoff is release to the next grant. \
-         Round trips: one client, one command at a time.\n\n\
-         | measure | without SYNC | with SYNC 1 | ratio or difference |\n|---|---|---|---|\n",
+        "### SYNC and FSYNC: grants a replica acknowledged, or the AOF fsynced, before the reply\n\n\
+         A primary (`appendonly yes`, `appendfsync everysec`) and one replica on loopback, both \
+         with the module. `SYNC 1 1000`, `FSYNC 1000` and both against the same command without \
+         them, interleaved rounds, medians. Contention: 16 clients taking turns on one lock \
+         (`WAIT 0`, release at once); handoff is release to the next grant. Round trips: one \
+         client, one command at a time. In brackets: the ratio to, or difference from, the \
+         column without.\n\n",
     );
-    let per_sec = [m(&contention[0].per_sec), m(&contention[1].per_sec)];
-    let handoff = [m(&contention[0].p50), m(&contention[1].p50)];
-    let handoff99 = [m(&contention[0].p99), m(&contention[1].p99)];
-    let _ = writeln!(
-        table,
-        "| critical sections/s | {:.0} | {:.0} | {:.2}x |",
-        per_sec[0],
-        per_sec[1],
-        per_sec[1] / per_sec[0]
-    );
-    let _ = writeln!(
-        table,
-        "| handoff p50 / p99 (µs) | {:.0} / {:.0} | {:.0} / {:.0} | +{:.0} µs at p50 |",
-        handoff[0],
-        handoff99[0],
-        handoff[1],
-        handoff99[1],
-        handoff[1] - handoff[0]
-    );
-    for (name, series) in [("LOCK.ACQUIRE", &acquire), ("LOCK.RENEW", &renew)] {
-        let (p50, p99) = (
-            [m(&series[0].p50), m(&series[1].p50)],
-            [m(&series[0].p99), m(&series[1].p99)],
-        );
-        let _ = writeln!(
+    let _ = write!(table, "| measure |");
+    for (name, _) in MODES {
+        let _ = write!(table, " {name} |");
+    }
+    let _ = writeln!(table, "\n|---|---|---|---|---|");
+    let per_sec: Vec<f64> = contention.iter().map(|s| m(&s.per_sec)).collect();
+    let handoff: Vec<f64> = contention.iter().map(|s| m(&s.p50)).collect();
+    let handoff99: Vec<f64> = contention.iter().map(|s| m(&s.p99)).collect();
+    let _ = write!(table, "| critical sections/s | {:.0} |", per_sec[0]);
+    for at in 1..MODES.len() {
+        let _ = write!(
             table,
-            "| {name} round trip p50 / p99 (µs) | {:.0} / {:.0} | {:.0} / {:.0} | +{:.0} µs at p50 |",
-            p50[0], p99[0], p50[1], p99[1], p50[1] - p50[0]
+            " {:.0} ({:.2}x) |",
+            per_sec[at],
+            per_sec[at] / per_sec[0]
         );
+    }
+    let _ = write!(
+        table,
+        "\n| handoff p50 / p99 (µs) | {:.0} / {:.0} |",
+        handoff[0], handoff99[0]
+    );
+    for at in 1..MODES.len() {
+        let _ = write!(
+            table,
+            " {:.0} / {:.0} (+{:.0} at p50) |",
+            handoff[at],
+            handoff99[at],
+            handoff[at] - handoff[0]
+        );
+    }
+    let _ = writeln!(table);
+    for (name, series) in [("LOCK.ACQUIRE", &acquire), ("LOCK.RENEW", &renew)] {
+        let p50: Vec<f64> = series.iter().map(|s| m(&s.p50)).collect();
+        let p99: Vec<f64> = series.iter().map(|s| m(&s.p99)).collect();
+        let _ = write!(
+            table,
+            "| {name} round trip p50 / p99 (µs) | {:.0} / {:.0} |",
+            p50[0], p99[0]
+        );
+        for at in 1..MODES.len() {
+            let _ = write!(
+                table,
+                " {:.0} / {:.0} (+{:.0} at p50) |",
+                p50[at],
+                p99[at],
+                p50[at] - p50[0]
+            );
+        }
+        let _ = writeln!(table);
     }
     let renew_gap = m(&renew[1].p50) - m(&renew[0].p50);
     let goals = vec![

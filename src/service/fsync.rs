@@ -66,11 +66,19 @@ struct Job {
 
 static WORKER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
 
+/// The event loop was asked, in this turn, not to sleep after it.
+static WAKE_ASKED: AtomicBool = AtomicBool::new(false);
+
 /// The turn a change made now belongs to; a reply waiting for it is answered once
-/// [`fsynced_through`] reaches it.
+/// [`fsynced_through`] reaches it. The event loop is asked (once per turn) not to sleep after
+/// this turn, so that the after-sleep hook looks at once, not at the next client's command or
+/// timer.
 pub fn tag() -> u64 {
     let turn = TURN.load(Ordering::Relaxed);
     WANTED.fetch_max(turn, Ordering::Relaxed);
+    if !WAKE_ASKED.swap(true, Ordering::Relaxed) {
+        host::events::wake_event_loop();
+    }
     turn
 }
 
@@ -83,6 +91,7 @@ pub fn fsynced_through() -> u64 {
 /// off); when a waiting reply needs it, and the AOF buffer is empty, the worker fsyncs.
 pub fn after_sleep(ctx: &Context) {
     let written = TURN.fetch_add(1, Ordering::Relaxed);
+    WAKE_ASKED.store(false, Ordering::Relaxed);
     if WANTED.load(Ordering::Relaxed) <= fsynced_through()
         || IN_FLIGHT.load(Ordering::Acquire)
         || clock_ms() < RETRY_AT.load(Ordering::Relaxed)
