@@ -4,7 +4,8 @@
 N worker processes (default 16) take turns on one lock of each setup, all on 127.0.0.1:
 
 - the module alone (redis-server with the release module, AOF with appendfsync everysec);
-- the module on a primary with one replica, without and with `SYNC 1 1000` on every ACQUIRE;
+- the module on a primary with one replica, without and with `SYNC 1 1000` on every ACQUIRE, and
+  with `SYNC 1 1000 FSYNC 1000` (also fsynced to the primary's AOF before the reply);
 - a 3-member etcd cluster, through its Lock RPC;
 - a 3-server ZooKeeper ensemble, through kazoo's Lock recipe.
 
@@ -22,7 +23,7 @@ Run from the repository's root (the Makefile target does):
 
 Settings (environment): BENCH_PEERS_WORKERS (16), BENCH_PEERS_ROUNDS (3), BENCH_PEERS_SECONDS
 (10 per round and row), BENCH_PEERS_ROWS (a comma-separated subset of module, replica, sync,
-etcd, zookeeper; a subset writes to target/bench/peers.md), REDIS_SERVER (redis-server) and
+durable, etcd, zookeeper; a subset writes to target/bench/peers.md), REDIS_SERVER (redis-server) and
 LOCK_MODULE (default target/release/libredis_lock.so, built into .cache/peers-target when
 missing).
 
@@ -162,6 +163,13 @@ ROWS = [
         "neither server fsyncs before the reply; a grant not acknowledged within 1000 ms is "
         "taken back). Survives losing one machine, if the replica is then promoted (Sentinel or "
         "an operator: the module elects nothing); not both losing power within the same second."),
+    Row("durable", "module + 1 replica, `SYNC 1 1000 FSYNC 1000`", "module",
+        "the primary's fsynced AOF, and the replica's memory",
+        "The reply waits until the replica acknowledged the grant and the primary fsynced it to "
+        "its AOF (the module fdatasyncs the AOF files itself, once for all the grants of an "
+        "event-loop turn); either missing within 1000 ms takes the grant back. Survives a power "
+        "loss of the primary's machine (restarted from its AOF), or losing it for good if the "
+        "replica is promoted; not the replica's fsync, which the primary cannot see."),
     Row("etcd", "etcd, 3 members, Lock RPC", "etcd",
         "the fsynced WAL of 2 of the 3 members",
         "A grant is a write through Raft: the leader answers once a majority (2 of 3) has the "
@@ -183,7 +191,7 @@ once. All three services queue waiters in arrival order (the module's `WAIT` que
 revisions, ZooKeeper's sequential nodes), so every grant is a handoff to a waiting worker.
 Handoff: from the releaser noting the time to the next holder reading its grant, both on the
 host's monotonic clock. The module's workers send `LOCK.ACQUIRE key token 10000 WAIT 0` (plus
-`SYNC 1 1000` in that row) and `LOCK.RELEASE` with redis-py to the primary; etcd's call the Lock
+`SYNC 1 1000`, or `SYNC 1 1000 FSYNC 1000`, in those rows) and `LOCK.RELEASE` with redis-py to the primary; etcd's call the Lock
 service's `Lock` RPC with a lease each worker granted once, then `Unlock` (grpcio); ZooKeeper's
 use kazoo's `Lock`. etcd's and ZooKeeper's workers are spread round-robin over the three
 members. CPU: user + system time of every process of the row (/proc/<pid>/stat) over each
@@ -413,6 +421,13 @@ def readme_table(rows):
             f"etcd ({workers_share(etcd):.0f}) and {zk['own'] * 100:.0f}% with ZooKeeper "
             f"({workers_share(zk):.0f}).",
         ]
+        if "durable" in figures:
+            durable = figures["durable"]
+            lines[-1] += (
+                f" With the grant also fsynced to the primary's AOF before the reply (`FSYNC`), "
+                f"{durable['per_sec'] / etcd['per_sec']:.1f}x etcd's and "
+                f"{durable['per_sec'] / zk['per_sec']:.1f}x ZooKeeper's."
+            )
         lines[-1] = textwrap.fill(lines[-1], width=100)
     return "\n".join(lines) + "\n"
 
@@ -505,8 +520,8 @@ def main():
         if "module" in keys:
             setups["module"] = services.start_redis(processes, workdir, "alone", take(1),
                                                     redis_server, module)
-        if keys & {"replica", "sync"}:
-            setups["replica"] = setups["sync"] = services.start_redis(
+        if keys & {"replica", "sync", "durable"}:
+            setups["replica"] = setups["sync"] = setups["durable"] = services.start_redis(
                 processes, workdir, "pair", take(2), redis_server, module)
         if "etcd" in keys:
             setups["etcd"] = services.start_etcd(processes, workdir, take(3), take(3))
@@ -518,6 +533,8 @@ def main():
         rows_by_key = {r.key: r for r in rows}
         if "sync" in rows_by_key:
             rows_by_key["sync"].options = ["SYNC", "1", "1000"]
+        if "durable" in rows_by_key:
+            rows_by_key["durable"].options = ["SYNC", "1", "1000", "FSYNC", "1000"]
         if "etcd" in rows_by_key:
             rows_by_key["etcd"].options = 3600  # the TTL of each worker's lease, in seconds
         context = multiprocessing.get_context("fork")
