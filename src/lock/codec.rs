@@ -73,7 +73,7 @@ fn holder_fields(holder: &Holder) -> impl Iterator<Item = u64> {
 
 /// The bytes that follow a holder's numbers (RDB) or its token (effects), when it has any.
 pub fn holder_who(holder: &Holder) -> Option<&[u8]> {
-    holder.grant.is_known().then_some(&*holder.grant.who)
+    holder.grant.is_known().then_some(holder.grant.who())
 }
 
 /// A holder's numeric fields as read back (see [`holder_fields`]).
@@ -118,18 +118,18 @@ fn holder_from(token: &[u8], numbers: &Numbers, who: &[u8]) -> Result<Holder, &'
         .filter(|h| *h > 0)
         .ok_or("hold count out of range")?;
     Ok(Holder {
-        token: token.into(),
         deadline: numbers.deadline,
         holds,
         session: numbers.flags & FLAG_SESSION != 0,
         provisional: false,
         long: false,
-        grant: Box::new(Grant {
-            delay: numbers.delay,
-            since: numbers.since,
-            client: numbers.client,
-            who: who.into(),
-        }),
+        grant: Box::new(Grant::new(
+            token,
+            numbers.delay,
+            numbers.since,
+            numbers.client,
+            who,
+        )),
     })
 }
 
@@ -197,7 +197,7 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
 
 /// Writes a holder's token, numbers and (when known) who was granted it.
 fn save_holder(holder: &Holder, out: &mut impl Sink) {
-    out.bytes(&holder.token);
+    out.bytes(holder.token());
     for field in holder_fields(holder) {
         out.unsigned(field);
     }
@@ -308,7 +308,7 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
         }
         last = member.fence;
     }
-    let mut tokens: Vec<&[u8]> = group.members.iter().map(|m| &*m.holder.token).collect();
+    let mut tokens: Vec<&[u8]> = group.members.iter().map(|m| m.holder.token()).collect();
     tokens.sort_unstable();
     if tokens.windows(2).any(|pair| pair[0] == pair[1]) {
         return Err("one token holds twice");
@@ -421,7 +421,7 @@ pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
 
 /// Appends a holder's token and, when known, who was granted it.
 fn push_holder(args: &mut Vec<Vec<u8>>, holder: &Holder) {
-    args.push(holder.token.to_vec());
+    args.push(holder.token().to_vec());
     if let Some(who) = holder_who(holder) {
         args.push(who.to_vec());
     }
@@ -679,11 +679,10 @@ mod tests {
             holder: Some(Holder {
                 provisional: false,
                 long: false,
-                token: b"t\0k".to_vec().into_boxed_slice(),
                 deadline: 123,
                 holds: 2,
                 session: true,
-                grant: Box::default(),
+                grant: Box::new(Grant::of_token(b"t\0k")),
             }),
             group: None,
             delayed_until: 0,
@@ -694,12 +693,13 @@ mod tests {
     fn held_by_someone() -> Lock {
         let mut lock = held();
         if let Some(holder) = lock.holder.as_mut() {
-            *holder.grant = Grant {
-                delay: 0,
-                since: 100,
-                client: 7,
-                who: b"127.0.0.1:5000 worker host-7:pid-42".as_slice().into(),
-            };
+            *holder.grant = Grant::new(
+                holder.token(),
+                0,
+                100,
+                7,
+                b"127.0.0.1:5000 worker host-7:pid-42",
+            );
         }
         lock
     }
@@ -731,16 +731,12 @@ mod tests {
             .as_mut()
             .map_or(&mut [][..], |g| &mut g.members[..])
         {
-            *member.holder.grant = Grant {
-                delay: 0,
-                since: 99,
-                client: member.fence,
-                who: b"[::1]:6000  ".as_slice().into(),
-            };
+            *member.holder.grant =
+                Grant::new(member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
         }
         saved_and_refused_by(&grouped, 3);
         round_trip(Event::Acquire, grouped.clone());
-        let first = grouped.members()[0].holder.token.clone();
+        let first: Box<[u8]> = grouped.members()[0].holder.token().into();
         let args = member_effect_args(Event::Acquire, &grouped, &first, 1_764_000_000_000);
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let Some(Ok(effect)) = parse_member_effect(&args) else {
@@ -875,11 +871,10 @@ mod tests {
             holder: Some(Holder {
                 provisional: false,
                 long: false,
-                token: b"t".to_vec().into_boxed_slice(),
                 deadline: 18_446_744_073_709_551_615,
                 holds: 3,
                 session: true,
-                grant: Box::default(),
+                grant: Box::new(Grant::of_token(b"t")),
             }),
             group: None,
             delayed_until: 0,
@@ -921,11 +916,10 @@ mod tests {
                 holder: Some(Holder {
                     provisional: false,
                     long: false,
-                    token: b"\x00\xffbinary".to_vec().into_boxed_slice(),
                     deadline: 1_764_000_000_000,
                     holds: 3,
                     session: true,
-                    grant: Box::default(),
+                    grant: Box::new(Grant::of_token(b"\x00\xffbinary")),
                 }),
                 group: None,
                 delayed_until: 0,
@@ -961,11 +955,10 @@ mod tests {
             holder: Holder {
                 provisional: false,
                 long: false,
-                token: token.into(),
                 deadline: 1_764_000_000_000 + fence,
                 holds: 1,
                 session,
-                grant: Box::default(),
+                grant: Box::new(Grant::of_token(token)),
             },
         };
         Lock {
@@ -1000,7 +993,7 @@ mod tests {
         }
         let mut twice = grouped(0);
         if let Some(group) = twice.group.as_deref_mut() {
-            group.members[1].holder.token = group.members[0].holder.token.clone();
+            group.members[1].holder.grant = group.members[0].holder.grant.clone();
         }
         let mut empty = grouped(0);
         if let Some(group) = empty.group.as_deref_mut() {

@@ -20,7 +20,6 @@ pub const MAX_HOLDERS: u32 = 10_000;
 /// Who holds a lock, and until when.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
-    pub token: Box<[u8]>,
     /// Absolute lease deadline, ms since the Unix epoch.
     pub deadline: u64,
     /// Reentrant hold count, at least 1.
@@ -34,17 +33,26 @@ pub struct Holder {
     /// It lasted longer than `lock.long-hold`, and that was announced. In memory only: a
     /// restarted server, or a new primary, announces it once more.
     pub long: bool,
-    /// The rest of the grant: its lock-delay, and when and to whom it was made (boxed: the value
-    /// stays within its allocation size).
+    /// The grant: its token, its lock-delay, and when and to whom it was made (boxed, with the
+    /// token and the `addr name label` text in one allocation of its own: the value stays at
+    /// 80 bytes, a free lock's too).
     pub grant: Box<Grant>,
+}
+
+impl Holder {
+    /// The token that holds.
+    pub fn token(&self) -> &[u8] {
+        self.grant.token()
+    }
 }
 
 /// The longest label a client may give its hold (`LABEL`).
 pub const MAX_LABEL_LEN: usize = 128;
 
-/// What a hold keeps beside its lease: the lock-delay it imposes, and for operators, when it was
-/// granted and to which connection. Only the delay takes part in any rule.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a hold keeps beside its lease: its token, the lock-delay it imposes, and for operators,
+/// when it was granted and to which connection. Only the token and the delay take part in any
+/// rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
     /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
@@ -54,9 +62,12 @@ pub struct Grant {
     pub since: u64,
     /// The id of the client it was granted to (or last refreshed by); 0: unknown.
     pub client: u64,
-    /// `addr name label`, separated by single spaces (none of the three has one; each may be
-    /// empty): that client's address and name, and the public label the hold was given.
-    pub who: Box<[u8]>,
+    /// The token, then `addr name label`, separated by single spaces (none of the three has
+    /// one; each may be empty): that client's address and name, and the public label the hold
+    /// was given (see [`Grant::who`]).
+    text: Box<[u8]>,
+    /// How many bytes of `text` are the token.
+    token_len: u32,
 }
 
 /// The parts of a [`Grant::who`] text: address, name, label (each empty when missing). A
@@ -68,8 +79,39 @@ pub fn split_who(who: &[u8]) -> [&[u8]; 3] {
 }
 
 impl Grant {
+    /// The grant of `token`, with `who` as its `addr name label` (empty: unknown).
+    pub fn new(token: &[u8], delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
+        Grant {
+            delay,
+            since,
+            client,
+            text: [token, who].concat().into_boxed_slice(),
+            token_len: u32::try_from(token.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The grant of `token` with nothing else known (no delay, no origin).
+    pub fn of_token(token: &[u8]) -> Grant {
+        Grant::new(token, 0, 0, 0, b"")
+    }
+
+    /// The token that holds.
+    pub fn token(&self) -> &[u8] {
+        self.text.get(..self.token_len as usize).unwrap_or_default()
+    }
+
+    /// `addr name label` (empty: unknown).
+    pub fn who(&self) -> &[u8] {
+        self.text.get(self.token_len as usize..).unwrap_or_default()
+    }
+
+    /// Its `addr name label` is now `who`.
+    fn set_who(&mut self, who: &[u8]) {
+        self.text = [self.token(), who].concat().into_boxed_slice();
+    }
+
     fn parts(&self) -> [&[u8]; 3] {
-        split_who(&self.who)
+        split_who(self.who())
     }
 
     pub fn addr(&self) -> &[u8] {
@@ -86,7 +128,7 @@ impl Grant {
 
     /// True when anything about the grant's origin is known (it is stored and replicated).
     pub fn is_known(&self) -> bool {
-        self.since != 0 || self.client != 0 || !self.who.is_empty()
+        self.since != 0 || self.client != 0 || !self.who().is_empty()
     }
 
     /// `who` from a connection's `addr name` (empty when not known) and a label.
@@ -123,12 +165,12 @@ impl Grant {
             if !request.label.is_empty() {
                 let [addr, name, _] = self.parts();
                 let connection = [addr, b" ", name].concat();
-                self.who = Grant::who_of(&connection, &label);
+                self.set_who(&Grant::who_of(&connection, &label));
             }
             return;
         }
         self.client = request.client;
-        self.who = Grant::who_of(request.connection, &label);
+        self.set_who(&Grant::who_of(request.connection, &label));
     }
 }
 
@@ -426,7 +468,7 @@ impl Lock {
 
     /// True when `token` holds the lock (in any mode) at `now`.
     pub fn holds(&self, token: &[u8], now: u64) -> bool {
-        self.live_holders(now).any(|(_, h)| *h.token == *token)
+        self.live_holders(now).any(|(_, h)| h.token() == token)
     }
 
     pub fn is_held(&self, now: u64) -> bool {
@@ -441,7 +483,7 @@ impl Lock {
 
     /// The live hold of `token`, exclusive or shared.
     fn live_hold_mut(&mut self, token: &[u8], now: u64) -> Option<&mut Holder> {
-        let live = |h: &&mut Holder| h.deadline > now && *h.token == *token;
+        let live = |h: &&mut Holder| h.deadline > now && h.token() == token;
         if let Some(holder) = self.holder.as_mut().filter(live) {
             return Some(holder);
         }
@@ -468,7 +510,7 @@ impl Lock {
     fn live_member_index(&self, token: &[u8], now: u64) -> Option<usize> {
         self.members()
             .iter()
-            .position(|m| m.holder.deadline > now && *m.holder.token == *token)
+            .position(|m| m.holder.deadline > now && m.holder.token() == token)
     }
 
     /// Removes one holder whose lease ran out (the exclusive one, or the shared one that ran out
@@ -504,12 +546,12 @@ impl Lock {
             return None;
         }
         let index = self.first_overdue_member(now)?;
-        Some(&self.members()[index].holder.token)
+        Some(self.members()[index].holder.token())
     }
 
     /// What became of `token`'s shared or permit hold in this lock: its hold now, or gone.
     pub fn member_change(&self, token: &[u8]) -> MemberChange {
-        match self.members().iter().find(|m| *m.holder.token == *token) {
+        match self.members().iter().find(|m| m.holder.token() == token) {
             Some(member) => MemberChange::Set(member.clone()),
             None => MemberChange::Remove(token.into()),
         }
@@ -537,12 +579,14 @@ impl Lock {
             let refresh = self
                 .members()
                 .iter()
-                .any(|m| m.holder.token == member.holder.token && m.fence == member.fence);
+                .any(|m| m.holder.token() == member.holder.token() && m.fence == member.fence);
             if !refresh {
                 let stay = self
                     .members()
                     .iter()
-                    .filter(|m| m.holder.deadline > now && m.holder.token != member.holder.token)
+                    .filter(|m| {
+                        m.holder.deadline > now && m.holder.token() != member.holder.token()
+                    })
                     .count();
                 let cap = if limit == 0 { MAX_HOLDERS } else { limit };
                 if member.fence != fence || fence <= self.fence || stay >= cap as usize {
@@ -557,22 +601,21 @@ impl Lock {
         group.limit = limit;
         match change {
             MemberChange::Set(member) => {
-                let same = group
-                    .members
-                    .iter()
-                    .position(|m| m.holder.token == member.holder.token && m.fence == member.fence);
+                let same = group.members.iter().position(|m| {
+                    m.holder.token() == member.holder.token() && m.fence == member.fence
+                });
                 match same {
                     Some(index) => group.members[index] = member,
                     None => {
                         group.members.retain(|m| m.holder.deadline > now);
                         group
                             .members
-                            .retain(|m| m.holder.token != member.holder.token);
+                            .retain(|m| m.holder.token() != member.holder.token());
                         group.members.push(member);
                     }
                 }
             }
-            MemberChange::Remove(token) => group.members.retain(|m| m.holder.token != token),
+            MemberChange::Remove(token) => group.members.retain(|m| m.holder.token() != &*token),
         }
         if group.limit == 0 && group.members.is_empty() {
             self.group = None;
@@ -642,7 +685,7 @@ impl Lock {
         let limit = self.limit();
         if self
             .live_holder(now)
-            .is_some_and(|h| *h.token == *request.token)
+            .is_some_and(|h| h.token() == request.token)
         {
             return match request.mode {
                 Mode::Exclusive => Ok(Admit::Refresh),
@@ -751,18 +794,18 @@ impl Lock {
                 }
                 let exclusive = request.mode == Mode::Exclusive;
                 let holder = Holder {
-                    token: request.token.into(),
                     deadline,
                     holds: 1,
                     session: request.session,
                     provisional: request.provisional,
                     long: false,
-                    grant: Box::new(Grant {
-                        delay: if exclusive { request.delay } else { 0 },
-                        since: now,
-                        client: request.client,
-                        who: Grant::who_of(request.connection, request.label),
-                    }),
+                    grant: Box::new(Grant::new(
+                        request.token,
+                        if exclusive { request.delay } else { 0 },
+                        now,
+                        request.client,
+                        &Grant::who_of(request.connection, request.label),
+                    )),
                 };
                 let limit = match request.mode {
                     Mode::Exclusive => {
@@ -794,7 +837,7 @@ impl Lock {
 
     /// Removes the live hold of `token` entirely, without a lock-delay.
     fn end_hold(&mut self, token: &[u8], now: u64) -> Option<Holder> {
-        if self.live_holder(now).is_some_and(|h| *h.token == *token) {
+        if self.live_holder(now).is_some_and(|h| h.token() == token) {
             return self.holder.take();
         }
         let index = self.live_member_index(token, now)?;
@@ -859,7 +902,7 @@ impl Lock {
     /// The live hold of `token` with the grant `fence`, if it still has it at `now`.
     pub fn grant_of(&self, token: &[u8], fence: u64, now: u64) -> Option<&Holder> {
         self.live_holders(now)
-            .find(|(f, h)| *f == fence && *h.token == *token)
+            .find(|(f, h)| *f == fence && h.token() == token)
             .map(|(_, h)| h)
     }
 
@@ -892,7 +935,7 @@ impl Lock {
     /// Heap bytes this lock owns beyond its own size (tokens, shared holders), for MEMORY USAGE.
     pub fn heap_bytes(&self) -> usize {
         // A holder's own heap: its token, its grant record and that record's who bytes.
-        let own = |h: &Holder| h.token.len() + std::mem::size_of::<Grant>() + h.grant.who.len();
+        let own = |h: &Holder| std::mem::size_of::<Grant>() + h.grant.text.len();
         let group = self.group.as_deref().map_or(0, |g| {
             std::mem::size_of::<Group>()
                 + g.members.capacity() * std::mem::size_of::<Member>()
@@ -951,7 +994,7 @@ mod tests {
             lock.acquire(b"b", 1000, false, false, 0, T0 + 1),
             Ok(Acquire::Busy)
         );
-        assert_eq!(lock.holder.as_ref().map(|h| &*h.token), Some(&b"a"[..]));
+        assert_eq!(lock.holder.as_ref().map(|h| h.token()), Some(&b"a"[..]));
     }
 
     #[test]
@@ -1406,11 +1449,10 @@ mod tests {
             holder: Holder {
                 provisional: false,
                 long: false,
-                token: n.to_string().into_bytes().into(),
                 deadline: T0 + 1000,
                 holds: 1,
                 session: false,
-                grant: Box::default(),
+                grant: Box::new(Grant::of_token(&n.to_string().into_bytes())),
             },
         };
         let mut lock = Lock {

@@ -237,7 +237,7 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
         .map(|(fence, h)| {
             let shared = lock.live_holder(now).is_none();
             (
-                h.token.to_vec(),
+                h.token().to_vec(),
                 fence,
                 h.deadline,
                 h.holds,
@@ -512,7 +512,7 @@ fn walk(seed: u64, steps: usize) {
                 {
                     let (fence, h) = real[key]
                         .live_holders(now)
-                        .find(|(_, h)| &*h.token == t)
+                        .find(|(_, h)| h.token() == t)
                         .expect("holder after acquire");
                     assert_eq!(h.deadline, deadline_after(now, ttl));
                     assert_eq!(fence, f, "the holder's fence; {}", ctx());

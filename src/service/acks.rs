@@ -316,7 +316,7 @@ fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u
             let grant = stored
                 .lock()
                 .all_holders()
-                .find(|(f, h)| *f == fence && *h.token == *token)
+                .find(|(f, h)| *f == fence && h.token() == token)
                 .map(|(_, h)| (*h.grant).clone());
             let revoked = change(ctx, &name, stored, now, |lock| {
                 lock.revoke(token, fence, now).then_some(Event::Release)

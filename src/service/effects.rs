@@ -57,7 +57,7 @@ pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored
     let holder: &[&[u8]] = match &lock.holder {
         Some(holder) => {
             let who = codec::holder_who(holder);
-            pair = [&holder.token, who.unwrap_or_default()];
+            pair = [holder.token(), who.unwrap_or_default()];
             &pair[..if who.is_some() { 2 } else { 1 }]
         }
         None => &[],

@@ -271,7 +271,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
             Ok(Some(stored)) => {
                 expire_overdue(ctx, name, stored, now);
                 let lock = stored.lock();
-                let own = lock.live_holder(now).is_some_and(|h| *h.token == *token);
+                let own = lock.live_holder(now).is_some_and(|h| h.token() == &*token);
                 if !own && !lock.is_available(now) {
                     return None;
                 }

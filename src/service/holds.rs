@@ -149,7 +149,7 @@ pub fn cross(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
                 fence,
                 since: grant.since,
                 client: grant.client,
-                who: &grant.who,
+                who: grant.who(),
             },
             max,
         );
