@@ -78,6 +78,32 @@ pub fn split_who(who: &[u8]) -> [&[u8]; 3] {
     [next(), next(), next()]
 }
 
+/// The pieces of `who` for a connection's `addr name` (empty when not known) and a label; none
+/// when both are empty. An unknown connection is an empty address and name: both separators
+/// stay, so the label is never read as a name.
+fn who_pieces<'a>(connection: &'a [u8], label: &'a [u8]) -> [&'a [u8]; 3] {
+    if connection.is_empty() && label.is_empty() {
+        return [b"", b"", b""];
+    }
+    let connection: &[u8] = if connection.is_empty() {
+        b" "
+    } else {
+        connection
+    };
+    [connection, b" ", label]
+}
+
+/// A grant's text: the token, then the pieces of `who`, in one exactly sized allocation.
+fn text_of(token: &[u8], who: &[&[u8]]) -> Box<[u8]> {
+    let len = token.len() + who.iter().map(|piece| piece.len()).sum::<usize>();
+    let mut text = Vec::with_capacity(len);
+    text.extend_from_slice(token);
+    for piece in who {
+        text.extend_from_slice(piece);
+    }
+    text.into_boxed_slice()
+}
+
 impl Grant {
     /// The grant of `token`, with `who` as its `addr name label` (empty: unknown).
     pub fn new(token: &[u8], delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
@@ -85,8 +111,20 @@ impl Grant {
             delay,
             since,
             client,
-            text: [token, who].concat().into_boxed_slice(),
+            text: text_of(token, &[who]),
             token_len: u32::try_from(token.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The grant `request` gets now (its token, connection and label), with lock-delay `delay`.
+    fn granted(request: &Request, delay: u64, now: u64) -> Grant {
+        let who = who_pieces(request.connection, request.label);
+        Grant {
+            delay,
+            since: now,
+            client: request.client,
+            text: text_of(request.token, &who),
+            token_len: u32::try_from(request.token.len()).unwrap_or(u32::MAX),
         }
     }
 
@@ -105,9 +143,9 @@ impl Grant {
         self.text.get(self.token_len as usize..).unwrap_or_default()
     }
 
-    /// Its `addr name label` is now `who`.
-    fn set_who(&mut self, who: &[u8]) {
-        self.text = [self.token(), who].concat().into_boxed_slice();
+    /// Its `addr name label` is now a connection's `addr name` and a label.
+    fn set_who(&mut self, connection: &[u8], label: &[u8]) {
+        self.text = text_of(self.token(), &who_pieces(connection, label));
     }
 
     fn parts(&self) -> [&[u8]; 3] {
@@ -131,26 +169,6 @@ impl Grant {
         self.since != 0 || self.client != 0 || !self.who().is_empty()
     }
 
-    /// `who` from a connection's `addr name` (empty when not known) and a label.
-    pub fn who_of(connection: &[u8], label: &[u8]) -> Box<[u8]> {
-        if connection.is_empty() && label.is_empty() {
-            return Box::default();
-        }
-        // An unknown connection is an empty address and name: both separators stay, so the
-        // label is never read as a name.
-        let connection: &[u8] = if connection.is_empty() {
-            b" "
-        } else {
-            connection
-        };
-        // Exactly sized: the Vec becomes the box without another allocation.
-        let mut who = Vec::with_capacity(connection.len() + 1 + label.len());
-        who.extend_from_slice(connection);
-        who.push(b' ');
-        who.extend_from_slice(label);
-        who.into_boxed_slice()
-    }
-
     /// This grant taken by `request` (a refresh from perhaps another connection): the
     /// connection is the request's, the label too unless it gives none. A refresh whose
     /// connection is not known (a script's) keeps the connection recorded and changes only the
@@ -165,12 +183,12 @@ impl Grant {
             if !request.label.is_empty() {
                 let [addr, name, _] = self.parts();
                 let connection = [addr, b" ", name].concat();
-                self.set_who(&Grant::who_of(&connection, &label));
+                self.set_who(&connection, &label);
             }
             return;
         }
         self.client = request.client;
-        self.set_who(&Grant::who_of(request.connection, &label));
+        self.set_who(request.connection, &label);
     }
 }
 
@@ -799,12 +817,10 @@ impl Lock {
                     session: request.session,
                     provisional: request.provisional,
                     long: false,
-                    grant: Box::new(Grant::new(
-                        request.token,
+                    grant: Box::new(Grant::granted(
+                        request,
                         if exclusive { request.delay } else { 0 },
                         now,
-                        request.client,
-                        &Grant::who_of(request.connection, request.label),
                     )),
                 };
                 let limit = match request.mode {
