@@ -124,6 +124,21 @@ fn round_trips(primary: &Server, command: &[&str], undo: &[&str], rounds: usize)
     out
 }
 
+/// A table row of p50 / p99 per mode, each after the first with its difference at p50.
+fn latency_row(table: &mut String, name: &str, p50: &[f64], p99: &[f64]) {
+    let _ = write!(table, "| {name} | {:.0} / {:.0} |", p50[0], p99[0]);
+    for at in 1..p50.len() {
+        let _ = write!(
+            table,
+            " {:.0} / {:.0} (+{:.0} at p50) |",
+            p50[at],
+            p99[at],
+            p50[at] - p50[0]
+        );
+    }
+    let _ = writeln!(table);
+}
+
 #[derive(Default)]
 struct Series {
     per_sec: Vec<f64>,
@@ -210,39 +225,17 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             per_sec[at] / per_sec[0]
         );
     }
-    let _ = write!(
-        table,
-        "\n| handoff p50 / p99 (µs) | {:.0} / {:.0} |",
-        handoff[0], handoff99[0]
-    );
-    for at in 1..MODES.len() {
-        let _ = write!(
-            table,
-            " {:.0} / {:.0} (+{:.0} at p50) |",
-            handoff[at],
-            handoff99[at],
-            handoff[at] - handoff[0]
-        );
-    }
     let _ = writeln!(table);
+    latency_row(&mut table, "handoff p50 / p99 (µs)", &handoff, &handoff99);
     for (name, series) in [("LOCK.ACQUIRE", &acquire), ("LOCK.RENEW", &renew)] {
         let p50: Vec<f64> = series.iter().map(|s| m(&s.p50)).collect();
         let p99: Vec<f64> = series.iter().map(|s| m(&s.p99)).collect();
-        let _ = write!(
-            table,
-            "| {name} round trip p50 / p99 (µs) | {:.0} / {:.0} |",
-            p50[0], p99[0]
+        latency_row(
+            &mut table,
+            &format!("{name} round trip p50 / p99 (µs)"),
+            &p50,
+            &p99,
         );
-        for at in 1..MODES.len() {
-            let _ = write!(
-                table,
-                " {:.0} / {:.0} (+{:.0} at p50) |",
-                p50[at],
-                p99[at],
-                p50[at] - p50[0]
-            );
-        }
-        let _ = writeln!(table);
     }
     let renew_gap = m(&renew[1].p50) - m(&renew[0].p50);
     let goals = vec![

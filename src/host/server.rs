@@ -102,28 +102,64 @@ pub fn persistence(ctx: &Context) -> (bool, bool) {
     )
 }
 
+/// One INFO section, read without running INFO (nothing shows in SLOWLOG, MONITOR or
+/// commandstats); freed when dropped.
+struct InfoSection<'a> {
+    ctx: &'a Context,
+    data: std::ptr::NonNull<raw::RedisModuleServerInfoData>,
+}
+
+impl<'a> InfoSection<'a> {
+    fn read(ctx: &'a Context, section: &CStr) -> Option<Self> {
+        // SAFETY: reading the API table Redis filled in at load; a valid context and a
+        // NUL-terminated name. The data is freed once, by Drop (which needs the free call:
+        // without it nothing is read).
+        unsafe {
+            raw::RedisModule_FreeServerInfo?;
+            let get = raw::RedisModule_GetServerInfo?;
+            let data = std::ptr::NonNull::new(get(ctx.ctx, section.as_ptr()))?;
+            Some(InfoSection { ctx, data })
+        }
+    }
+
+    /// A field as a signed integer (`None`: missing or not a number).
+    fn signed(&self, field: &CStr) -> Option<i64> {
+        // SAFETY: reading the API table; live data and a NUL-terminated name.
+        unsafe {
+            let get = raw::RedisModule_ServerInfoGetFieldSigned?;
+            let mut err: std::ffi::c_int = 0;
+            let value = get(self.data.as_ptr(), field.as_ptr(), &mut err);
+            (err == 0).then_some(value)
+        }
+    }
+
+    /// A field's text, copied (`None`: missing).
+    fn text(&self, field: &CStr) -> Option<String> {
+        // SAFETY: reading the API table; live data and a NUL-terminated name; the text is
+        // copied while the data lives.
+        unsafe {
+            let get = raw::RedisModule_ServerInfoGetFieldC?;
+            let value = get(self.data.as_ptr(), field.as_ptr());
+            (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned())
+        }
+    }
+}
+
+impl Drop for InfoSection<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the data came from RedisModule_GetServerInfo and is freed exactly once;
+        // `read` made sure the free call exists.
+        unsafe {
+            if let Some(free) = raw::RedisModule_FreeServerInfo {
+                free(self.ctx.ctx, self.data.as_ptr());
+            }
+        }
+    }
+}
+
 /// One field of an INFO section, as the server would print it (read without running INFO).
 pub fn info_field(ctx: &Context, section: &CStr, field: &CStr) -> Option<String> {
-    // SAFETY: reading the API table Redis filled in at load.
-    let (get, field_of, free) = unsafe {
-        (
-            raw::RedisModule_GetServerInfo?,
-            raw::RedisModule_ServerInfoGetFieldC?,
-            raw::RedisModule_FreeServerInfo?,
-        )
-    };
-    // SAFETY: a valid context and NUL-terminated names; the field's text is copied before the
-    // info data is freed, and the data is freed exactly once.
-    unsafe {
-        let info = get(ctx.ctx, section.as_ptr());
-        if info.is_null() {
-            return None;
-        }
-        let value = field_of(info, field.as_ptr());
-        let text = (!value.is_null()).then(|| CStr::from_ptr(value).to_string_lossy().into_owned());
-        free(ctx.ctx, info);
-        text
-    }
+    InfoSection::read(ctx, section)?.text(field)
 }
 
 /// What INFO persistence says of the AOF (read without running INFO).
@@ -139,35 +175,12 @@ pub struct AofState {
 
 /// The AOF's state (`None`: the server does not say).
 pub fn aof_written(ctx: &Context) -> Option<AofState> {
-    // SAFETY: reading the API table Redis filled in at load.
-    let (get, signed, text, free) = unsafe {
-        (
-            raw::RedisModule_GetServerInfo?,
-            raw::RedisModule_ServerInfoGetFieldSigned?,
-            raw::RedisModule_ServerInfoGetFieldC?,
-            raw::RedisModule_FreeServerInfo?,
-        )
-    };
-    // SAFETY: a valid context and NUL-terminated names; every field is read (and its text
-    // compared) before the info data is freed, exactly once.
-    unsafe {
-        let info = get(ctx.ctx, c"persistence".as_ptr());
-        if info.is_null() {
-            return None;
-        }
-        let mut err: std::ffi::c_int = 0;
-        let enabled = signed(info, c"aof_enabled".as_ptr(), &mut err) == 1 && err == 0;
-        let buffer = signed(info, c"aof_buffer_length".as_ptr(), &mut err);
-        let buffer_empty = buffer == 0 && err == 0;
-        let status = text(info, c"aof_last_write_status".as_ptr());
-        let write_ok = !status.is_null() && CStr::from_ptr(status).to_bytes() == b"ok";
-        free(ctx.ctx, info);
-        Some(AofState {
-            enabled,
-            buffer_empty,
-            write_ok,
-        })
-    }
+    let info = InfoSection::read(ctx, c"persistence")?;
+    Some(AofState {
+        enabled: info.signed(c"aof_enabled") == Some(1),
+        buffer_empty: info.signed(c"aof_buffer_length") == Some(0),
+        write_ok: info.text(c"aof_last_write_status").as_deref() == Some("ok"),
+    })
 }
 
 /// A configuration parameter's value, by `CONFIG GET` (`None` when there is no such parameter).
@@ -189,49 +202,28 @@ pub fn config_text(ctx: &Context, name: &str) -> Option<String> {
 /// What a primary knows of its replicas, read from INFO replication without running INFO: its
 /// replication offset, and the offset each online replica has acknowledged.
 pub fn replication_acks(ctx: &Context) -> Option<(i64, Vec<i64>)> {
-    // SAFETY: reading the API table Redis filled in at load.
-    let (get, signed, text, free) = unsafe {
-        (
-            raw::RedisModule_GetServerInfo?,
-            raw::RedisModule_ServerInfoGetFieldSigned?,
-            raw::RedisModule_ServerInfoGetFieldC?,
-            raw::RedisModule_FreeServerInfo?,
-        )
-    };
-    // SAFETY: a valid context and NUL-terminated names; every field is read (and its text
-    // copied) before the info data is freed, exactly once.
-    unsafe {
-        let info = get(ctx.ctx, c"replication".as_ptr());
-        if info.is_null() {
-            return None;
-        }
-        let mut err: std::ffi::c_int = 0;
-        let offset = signed(info, c"master_repl_offset".as_ptr(), &mut err);
-        let ok = err == 0;
-        let replicas = signed(info, c"connected_slaves".as_ptr(), &mut err).max(0);
-        let mut acked = Vec::new();
-        for n in 0..replicas {
-            let Ok(name) = std::ffi::CString::new(format!("slave{n}")) else {
-                continue;
-            };
-            let line = text(info, name.as_ptr());
-            if line.is_null() {
-                continue;
-            }
-            let line = CStr::from_ptr(line).to_string_lossy();
-            if line.split(',').any(|f| f == "state=online") {
-                if let Some(ack) = line
-                    .split(',')
-                    .find_map(|f| f.strip_prefix("offset="))
-                    .and_then(|v| v.parse().ok())
-                {
-                    acked.push(ack);
-                }
+    let info = InfoSection::read(ctx, c"replication")?;
+    let offset = info.signed(c"master_repl_offset")?;
+    let replicas = info.signed(c"connected_slaves").unwrap_or(0).max(0);
+    let mut acked = Vec::new();
+    for n in 0..replicas {
+        let Ok(name) = std::ffi::CString::new(format!("slave{n}")) else {
+            continue;
+        };
+        let Some(line) = info.text(&name) else {
+            continue;
+        };
+        if line.split(',').any(|f| f == "state=online") {
+            if let Some(ack) = line
+                .split(',')
+                .find_map(|f| f.strip_prefix("offset="))
+                .and_then(|v| v.parse().ok())
+            {
+                acked.push(ack);
             }
         }
-        free(ctx.ctx, info);
-        ok.then_some((offset, acked))
     }
+    Some((offset, acked))
 }
 
 /// True inside MULTI/EXEC or a script (or function): Redis serves the clients blocked on keys

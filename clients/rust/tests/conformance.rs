@@ -93,6 +93,14 @@ fn object(value: &Value) -> &Map<String, Value> {
     value.as_object().expect("an object")
 }
 
+/// The entries of a case's list `field` (none when the case has no such field).
+fn list<'a>(case: &'a Value, field: &str) -> impl Iterator<Item = &'a Value> {
+    case.get(field)
+        .map(|v| v.as_array().expect("a list"))
+        .into_iter()
+        .flatten()
+}
+
 fn strings(value: &Value) -> Vec<String> {
     value
         .as_array()
@@ -106,12 +114,7 @@ fn strings(value: &Value) -> Vec<String> {
 fn faults(case: &Value) -> Result<(Vec<Fault>, Option<Pause>), String> {
     let mut on_commands = Vec::new();
     let mut pause = None;
-    for fault in case
-        .get("faults")
-        .map(|v| v.as_array().expect("faults"))
-        .into_iter()
-        .flatten()
-    {
+    for fault in list(case, "faults") {
         let at = fault["at"].as_str().expect("at").to_string();
         let nth = match &fault["nth"] {
             Value::String(every) if every == "every" => Nth::Every,
@@ -208,12 +211,7 @@ impl Runner {
                 .map(|w| if w == "$KEY" { key.clone() } else { w })
                 .collect()
         };
-        for command in case
-            .get("setup")
-            .map(|v| v.as_array().expect("setup"))
-            .into_iter()
-            .flatten()
-        {
+        for command in list(case, "setup") {
             let reply = self.admin.call(&with_key(strings(command)));
             if let Reply::Error(e) = reply {
                 return Err(format!("setup {command}: {e}"));
@@ -309,12 +307,7 @@ impl Runner {
             }
         }
         let fence = guard.as_ref().map(LockGuard::fence);
-        for step in case
-            .get("steps")
-            .map(|v| v.as_array().expect("steps"))
-            .into_iter()
-            .flatten()
-        {
+        for step in list(case, "steps") {
             let action = step["do"].as_str().expect("do");
             if guard.is_none() && fence.is_none() && GRANT_STEPS.contains(&action) {
                 return Err(format!("step {step} needs a grant"));
@@ -452,12 +445,7 @@ fn the_table_is_well_formed() {
                 );
             }
         }
-        for fault in case
-            .get("faults")
-            .map(|v| v.as_array().expect("faults"))
-            .into_iter()
-            .flatten()
-        {
+        for fault in list(case, "faults") {
             for field in object(fault).keys() {
                 assert!(
                     FAULT_FIELDS.contains(&field.as_str()),
@@ -466,12 +454,7 @@ fn the_table_is_well_formed() {
             }
         }
         assert!(faults(case).is_ok(), "{name}: {:?}", faults(case).err());
-        for step in case
-            .get("steps")
-            .map(|v| v.as_array().expect("steps"))
-            .into_iter()
-            .flatten()
-        {
+        for step in list(case, "steps") {
             let action = step["do"].as_str().expect("do");
             let (_, fields) = STEPS
                 .iter()
