@@ -225,10 +225,21 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
             set_ifeq: false,
         }
     };
-    // After a preload, the replica catches up before anything is measured.
+    // Before each measured run: the replica has caught up with everything before it, and the
+    // AOF has everything before it fsynced (under `always` a write makes Redis fsync at once, the
+    // whole file), so a run never pays for the fsync of a preload or of the run before.
     let settle = |conn: &mut Conn| {
         if replica.is_some() {
             assert_eq!(conn.call(&["WAIT", "1", "60000"]), Reply::Int(1));
+        }
+        if setup == Setup::Aof {
+            for command in [
+                &["CONFIG", "SET", "appendfsync", "always"][..],
+                &["SET", "bench:settle", "1"],
+                &["CONFIG", "SET", "appendfsync", "everysec"],
+            ] {
+                assert!(!conn.call(command).is_error(), "{command:?}");
+            }
         }
     };
     let release_sha = load_script(&mut conn, lua::RELEASE);
@@ -316,8 +327,9 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
         for pipeline in [1, 16] {
             let n = requests(pipeline);
             let (b, m) = pair(module_first, |module| {
+                flushdb(&mut conn);
+                settle(&mut conn);
                 if !module {
-                    flushdb(&mut conn);
                     redis_benchmark(
                         &server,
                         CLIENTS,
@@ -327,7 +339,6 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
                         &["SET", "s:__rand_int__", TOKEN, "NX", "PX", TTL],
                     )
                 } else {
-                    flushdb(&mut conn);
                     redis_benchmark(
                         &server,
                         CLIENTS,
@@ -345,6 +356,7 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
         for pipeline in [1, 16] {
             let n = requests(pipeline);
             let (b, m) = pair(module_first, |module| {
+                settle(&mut conn);
                 if !module {
                     redis_benchmark_db(
                         &server,
@@ -370,6 +382,7 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
             row(&mut rows, "EVALSHA compare-and-PEXPIRE", pipeline).record(b, m);
             if conditional.set_ifeq {
                 let (b, m) = pair(module_first, |module| {
+                    settle(&mut conn);
                     let command: &[&str] = if module {
                         &["LOCK.RENEW", "l:__rand_int__", TOKEN, TTL]
                     } else {
@@ -381,6 +394,7 @@ fn measure(settings: &Settings, pinning: &Pinning, started: Instant, setup: Setu
             }
             // The fence 1 is never current: every FENCE looks the lock up and replies 0.
             let (b, m) = pair(module_first, |module| {
+                settle(&mut conn);
                 if !module {
                     redis_benchmark_db(
                         &server,
@@ -697,9 +711,11 @@ fn setups_table(plain: &Measured, others: &[(Setup, Measured); 2]) -> String {
     let _ = writeln!(
         table,
         "\n#### With a replica, with the AOF\n\nThe same runs on a server with one replica \
-         attached (the replica on the load generators' core; each preload waits for it with \
-         WAIT), and on a server with `appendonly yes` (`appendfsync everysec`). Ratio = module \
-         / baseline on that server; CPU ratio as above.\n"
+         attached (the replica on the load generators' core; before each run, WAIT for it), and \
+         on a server with `appendonly yes` (`appendfsync everysec`; before each run, everything \
+         written so far is fsynced, by one write under `appendfsync always`, so that a run never \
+         pays for the fsync of its preload or of the run before). Ratio = module / baseline on \
+         that server; CPU ratio as above.\n"
     );
     let _ = writeln!(
         table,
