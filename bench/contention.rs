@@ -558,19 +558,24 @@ fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String 
          one connection each, driven by one thread with epoll on the load generators' core (a \
          thread per client measured that core's scheduler instead), each release pipelined with \
          its client's next LOCK.ACQUIRE ... WAIT; on one lock or about four clients per lock \
-         (handoff measured per lock); {:.1} s per crowd per round, median of {} rounds.\n",
+         (handoff measured per lock); {:.1} s per crowd per round, median of {} rounds. Busy: \
+         the share of the run the server's main thread and the driver's thread were on a CPU \
+         (schedstat, CLOCK_THREAD_CPUTIME_ID); a driver near 100% with the server well below \
+         sets the pace itself, and its handoff times then include its own queue of ready \
+         connections.\n",
         settings.contention_secs, settings.contention_rounds
     );
     let _ = writeln!(
         table,
-        "| waiting clients | locks | critical sections/s | handoff p50 µs | handoff p99 µs | handoffs |"
+        "| waiting clients | locks | critical sections/s | handoff p50 µs | handoff p99 µs | handoffs | busy: server / driver |"
     );
-    let _ = writeln!(table, "|---|---|---|---|---|---|");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|");
     for crowd in crowds {
         let mut per_sec = Vec::new();
         let mut p50 = Vec::new();
         let mut p99 = Vec::new();
         let mut handoffs = 0;
+        let (mut server_busy, mut driver_busy) = (Vec::new(), Vec::new());
         for round in 0..settings.contention_rounds {
             progress(
                 started,
@@ -594,15 +599,19 @@ fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String 
             p50.push(micros(percentile(&run.samples, 0.5)));
             p99.push(micros(percentile(&run.samples, 0.99)));
             handoffs += run.samples.len();
+            server_busy.push(run.server_busy * 100.0);
+            driver_busy.push(run.driver_busy * 100.0);
         }
         let _ = writeln!(
             table,
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {handoffs} |",
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {handoffs} | {:.0}% / {:.0}% |",
             crowd.clients,
             crowd.locks,
             median(&per_sec),
             median(&p50),
             median(&p99),
+            median(&server_busy),
+            median(&driver_busy),
         );
     }
     table

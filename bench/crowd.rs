@@ -39,6 +39,21 @@ struct Client {
 pub struct Crowded {
     pub per_sec: f64,
     pub samples: Vec<Duration>,
+    /// The share of the run's time the server's main thread was on a CPU (NaN: not known).
+    pub server_busy: f64,
+    /// The same for the driver's thread: near 1, the driver, not the server, sets the pace.
+    pub driver_busy: f64,
+}
+
+/// CPU time of the calling thread, in ns.
+fn thread_cpu_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 /// A run of `clients` connections spread over `locks` locks (client `i` on lock `i % locks`,
@@ -90,6 +105,8 @@ pub fn run(
     let end = start + Duration::from_secs_f64(secs);
     let mut last_reply = start;
     let mut events = vec![Event::default(); 256];
+    let server_cpu = crate::util::cpu_ns(server.pid());
+    let driver_cpu = thread_cpu_ns();
     while Instant::now() < end {
         let ready = epoll.wait(&mut events, 100).expect("epoll_wait");
         if ready == 0 {
@@ -136,12 +153,20 @@ pub fn run(
         }
     }
     let elapsed = start.elapsed();
+    let busy = |ns: u64| ns as f64 / elapsed.as_nanos() as f64;
+    let server_busy = match (server_cpu, crate::util::cpu_ns(server.pid())) {
+        (Some(before), Some(after)) => busy(after.saturating_sub(before)),
+        _ => f64::NAN,
+    };
+    let driver_busy = busy(thread_cpu_ns().saturating_sub(driver_cpu));
     // The waits still queued end with their connections.
     drop(crowd);
     samples.sort();
     Crowded {
         per_sec: sections as f64 / elapsed.as_secs_f64(),
         samples,
+        server_busy,
+        driver_busy,
     }
 }
 
