@@ -273,10 +273,7 @@ fn load_group(fence: u64, version: i32, input: &mut impl Source) -> Result<Group
     for _ in 0..count {
         let member_fence = input.unsigned().ok_or(DecodeError::ShortRead)?;
         let holder = load_holder(version, input)?;
-        members.push(Member {
-            fence: member_fence,
-            holder,
-        });
+        members.push(Member::new(member_fence, holder));
     }
     let group = Group { limit, members };
     check_group(fence, &group).map_err(DecodeError::Invalid)?;
@@ -519,7 +516,7 @@ fn parse_member<'a>(
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
     }
-    Ok(Member { fence, holder })
+    Ok(Member::new(fence, holder))
 }
 
 /// A holder from the effect fields `deadline:holds:flags[:delay][:since:client]` that `fields`
@@ -950,16 +947,18 @@ mod tests {
     }
 
     fn grouped(limit: u32) -> Lock {
-        let member = |fence, token: &[u8], session| Member {
-            fence,
-            holder: Holder {
-                provisional: false,
-                long: false,
-                deadline: 1_764_000_000_000 + fence,
-                holds: 1,
-                session,
-                grant: Box::new(Grant::of_token(token)),
-            },
+        let member = |fence, token: &[u8], session| {
+            Member::new(
+                fence,
+                Holder {
+                    provisional: false,
+                    long: false,
+                    deadline: 1_764_000_000_000 + fence,
+                    holds: 1,
+                    session,
+                    grant: Box::new(Grant::of_token(token)),
+                },
+            )
         };
         Lock {
             fence: 90,
@@ -993,7 +992,9 @@ mod tests {
         }
         let mut twice = grouped(0);
         if let Some(group) = twice.group.as_deref_mut() {
-            group.members[1].holder.grant = group.members[0].holder.grant.clone();
+            let mut holder = group.members[1].holder.clone();
+            holder.grant = group.members[0].holder.grant.clone();
+            group.members[1] = Member::new(group.members[1].fence, holder);
         }
         let mut empty = grouped(0);
         if let Some(group) = empty.group.as_deref_mut() {

@@ -203,6 +203,33 @@ pub fn valid_label(label: &[u8]) -> bool {
 pub struct Member {
     pub fence: u64,
     pub holder: Holder,
+    /// A fingerprint of the token (see [`fingerprint`]), beside the fence in the members'
+    /// vector: a search for a token among thousands of holders compares these and reads a
+    /// token (behind its grant record) only where they match.
+    print: u32,
+}
+
+impl Member {
+    pub fn new(fence: u64, holder: Holder) -> Member {
+        let print = fingerprint(holder.token());
+        Member {
+            fence,
+            holder,
+            print,
+        }
+    }
+
+    /// True when this member's token is `token`, whose fingerprint is `print`.
+    fn is(&self, token: &[u8], print: u32) -> bool {
+        self.print == print && self.holder.token() == token
+    }
+}
+
+/// A token's fingerprint (FNV-1a, 32 bits): equal tokens have equal ones.
+fn fingerprint(token: &[u8]) -> u32 {
+    token.iter().fold(0x811c_9dc5, |hash: u32, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// One shared or permit holder's change, replicated on its own rather than with every holder.
@@ -505,12 +532,13 @@ impl Lock {
         if let Some(holder) = self.holder.as_mut().filter(live) {
             return Some(holder);
         }
+        let print = fingerprint(token);
         self.group
             .as_deref_mut()?
             .members
             .iter_mut()
+            .find(|m| m.holder.deadline > now && m.is(token, print))
             .map(|m| &mut m.holder)
-            .find(live)
     }
 
     /// Removes the member at `index`, and the group with it when it is neither a semaphore nor
@@ -526,9 +554,10 @@ impl Lock {
 
     /// The index of the live member holding with `token`.
     fn live_member_index(&self, token: &[u8], now: u64) -> Option<usize> {
+        let print = fingerprint(token);
         self.members()
             .iter()
-            .position(|m| m.holder.deadline > now && m.holder.token() == token)
+            .position(|m| m.holder.deadline > now && m.is(token, print))
     }
 
     /// Removes one holder whose lease ran out (the exclusive one, or the shared one that ran out
@@ -569,7 +598,8 @@ impl Lock {
 
     /// What became of `token`'s shared or permit hold in this lock: its hold now, or gone.
     pub fn member_change(&self, token: &[u8]) -> MemberChange {
-        match self.members().iter().find(|m| m.holder.token() == token) {
+        let print = fingerprint(token);
+        match self.members().iter().find(|m| m.is(token, print)) {
             Some(member) => MemberChange::Set(member.clone()),
             None => MemberChange::Remove(token.into()),
         }
@@ -597,13 +627,13 @@ impl Lock {
             let refresh = self
                 .members()
                 .iter()
-                .any(|m| m.holder.token() == member.holder.token() && m.fence == member.fence);
+                .any(|m| m.is(member.holder.token(), member.print) && m.fence == member.fence);
             if !refresh {
                 let stay = self
                     .members()
                     .iter()
                     .filter(|m| {
-                        m.holder.deadline > now && m.holder.token() != member.holder.token()
+                        m.holder.deadline > now && !m.is(member.holder.token(), member.print)
                     })
                     .count();
                 let cap = if limit == 0 { MAX_HOLDERS } else { limit };
@@ -620,7 +650,7 @@ impl Lock {
         match change {
             MemberChange::Set(member) => {
                 let same = group.members.iter().position(|m| {
-                    m.holder.token() == member.holder.token() && m.fence == member.fence
+                    m.is(member.holder.token(), member.print) && m.fence == member.fence
                 });
                 match same {
                     Some(index) => group.members[index] = member,
@@ -628,12 +658,15 @@ impl Lock {
                         group.members.retain(|m| m.holder.deadline > now);
                         group
                             .members
-                            .retain(|m| m.holder.token() != member.holder.token());
+                            .retain(|m| !m.is(member.holder.token(), member.print));
                         group.members.push(member);
                     }
                 }
             }
-            MemberChange::Remove(token) => group.members.retain(|m| m.holder.token() != &*token),
+            MemberChange::Remove(token) => {
+                let print = fingerprint(&token);
+                group.members.retain(|m| !m.is(&token, print));
+            }
         }
         if group.limit == 0 && group.members.is_empty() {
             self.group = None;
@@ -794,7 +827,7 @@ impl Lock {
                 let fence = self.fence;
                 self.group = Some(Box::new(Group {
                     limit: 0,
-                    members: vec![Member { fence, holder }],
+                    members: vec![Member::new(fence, holder)],
                 }));
                 Ok(Acquire::Downgraded { fence })
             }
@@ -833,7 +866,7 @@ impl Lock {
                 };
                 let group = self.group.get_or_insert_with(Box::default);
                 group.limit = limit;
-                group.members.push(Member { fence, holder });
+                group.members.push(Member::new(fence, holder));
                 Ok(Acquire::Granted { fence })
             }
         }
@@ -1460,16 +1493,18 @@ mod tests {
 
     #[test]
     fn a_shared_lock_is_full_at_max_holders_and_a_replayed_change_is_checked() {
-        let member = |n: u64| Member {
-            fence: n,
-            holder: Holder {
-                provisional: false,
-                long: false,
-                deadline: T0 + 1000,
-                holds: 1,
-                session: false,
-                grant: Box::new(Grant::of_token(&n.to_string().into_bytes())),
-            },
+        let member = |n: u64| {
+            Member::new(
+                n,
+                Holder {
+                    provisional: false,
+                    long: false,
+                    deadline: T0 + 1000,
+                    holds: 1,
+                    session: false,
+                    grant: Box::new(Grant::of_token(&n.to_string().into_bytes())),
+                },
+            )
         };
         let mut lock = Lock {
             fence: u64::from(MAX_HOLDERS),
