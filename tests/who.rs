@@ -700,3 +700,39 @@ fn the_oldest_hold_follows_releases_renames_reloads_and_flushes() {
     acquire(&mut c, "after", TOKEN, 600_000);
     assert_eq!(oldest_tag(), tag_of(&mut c, "after"));
 }
+
+#[test]
+fn the_oldest_hold_of_a_shared_lock_moves_only_when_its_oldest_holder_leaves() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let oldest = || server.info_int("lock_oldest_hold_ms");
+    let mut granted = Vec::new();
+    for token in ["first", "second", "third"] {
+        granted.push(now_ms());
+        let reply = c.call(&["LOCK.ACQUIRE", "shared", token, "600000", "SHARED"]);
+        assert!(reply.int() > 0, "{reply:?}");
+        let after = now_ms();
+        wait_for("300 ms to pass", || (now_ms() > after + 300).then_some(()));
+    }
+    let age_of = |i: usize| now_ms() - granted[i];
+    // A newer holder changes nothing; the oldest is the first.
+    let reply = c.call(&["LOCK.ACQUIRE", "shared", "fourth", "600000", "SHARED"]);
+    assert!(reply.int() > 0, "{reply:?}");
+    let first = oldest() as u64;
+    assert!(first.abs_diff(age_of(0)) <= 100, "{first} vs {}", age_of(0));
+    // A younger holder leaving changes nothing either.
+    assert_eq!(c.call(&["LOCK.RELEASE", "shared", "third"]), Reply::Int(1));
+    assert!(oldest() as u64 >= first);
+    // The oldest leaving: the second is the oldest now, about 300 ms younger.
+    assert_eq!(c.call(&["LOCK.RELEASE", "shared", "first"]), Reply::Int(1));
+    let second = oldest() as u64;
+    assert!(
+        second.abs_diff(age_of(1)) <= 100,
+        "{second} vs {}",
+        age_of(1)
+    );
+    assert!(second + 200 <= age_of(0), "{second} vs {}", age_of(0));
+    assert_eq!(c.call(&["LOCK.RELEASE", "shared", "second"]), Reply::Int(1));
+    assert_eq!(c.call(&["LOCK.RELEASE", "shared", "fourth"]), Reply::Int(1));
+    assert_eq!(oldest(), 0);
+}

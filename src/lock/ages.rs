@@ -124,6 +124,13 @@ impl Ages {
         }
     }
 
+    /// The oldest grant time recorded for lock `id` at `slot`.
+    pub fn since_of(&self, id: u64, slot: Option<AgeSlot>) -> Option<u64> {
+        slot.filter(|slot| self.owns(*slot, id))
+            .and_then(|slot| self.node(slot))
+            .map(|node| node.since)
+    }
+
     /// Lock `id`, at `slot`, now lives under the key with tag `tag` (RENAME, MOVE).
     pub fn retag(&mut self, id: u64, slot: Option<AgeSlot>, tag: u64) {
         if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {

@@ -31,8 +31,13 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
     leases::follow(ctx, stored, key.as_slice());
     // A renewal or a dropped reentrant hold keeps every grant, and so the oldest grant time:
     // the ages index is left alone (a lookup in it costs more than the rest of a RENEW).
+    // A replica applies whole states it did not decide: it looks through every holder.
     if !matches!(event, Event::Renew | Event::DropHold) {
-        holds::follow(stored, key.as_slice());
+        if is_primary(ctx) {
+            holds::follow_change(stored, key.as_slice(), event);
+        } else {
+            holds::follow(stored, key.as_slice());
+        }
     }
 }
 

@@ -53,6 +53,38 @@ fn log_len() -> usize {
 /// After a change of the lock `stored` under `key`: its oldest hold.
 pub fn follow(stored: &Stored, key: &[u8]) {
     let since = stored.lock().oldest_grant();
+    set_oldest(stored, key, since);
+}
+
+/// After a change (`event`) of the lock `stored` under `key`: its oldest hold, without looking
+/// through all its holders when the change cannot have moved it. A grant (or a refresh) added at
+/// most the newest hold, and a release, an expiry or a forced release only took holds away: if
+/// a hold granted at the recorded oldest time is still there, and the newest is no older, the
+/// oldest is unchanged (a shared lock with thousands of holders is scanned only when its oldest
+/// hold left).
+pub fn follow_change(stored: &Stored, key: &[u8], event: Event) {
+    let lock = stored.lock();
+    let recorded = ages().since_of(stored.id(), stored.age_slot());
+    if let Some(recorded) = recorded {
+        let newest = lock
+            .members()
+            .last()
+            .map(|m| &m.holder)
+            .or(lock.holder.as_ref())
+            .map(|h| h.grant.since);
+        let kept = match event {
+            Event::Acquire => newest.is_some_and(|since| since >= recorded),
+            Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease => true,
+            _ => false,
+        };
+        if kept && lock.all_holders().any(|(_, h)| h.grant.since == recorded) {
+            return;
+        }
+    }
+    set_oldest(stored, key, lock.oldest_grant());
+}
+
+fn set_oldest(stored: &Stored, key: &[u8], since: Option<u64>) {
     let slot = ages().set(stored.id(), stored.age_slot(), since, || tag_of(key));
     stored.set_age_slot(slot);
 }
