@@ -121,13 +121,7 @@ fn sync_option<'a>(
         name: "numreplicas",
         detail: "must not be negative",
     })?;
-    let timeout_ms = duration(next("SYNC timeout-ms")?, "SYNC timeout-ms")?;
-    if timeout_ms > MAX_TIMEOUT_MS as u64 {
-        return Err(LockError::BadInteger {
-            name: "SYNC timeout-ms",
-            detail: "too large",
-        });
-    }
+    let timeout_ms = reply_timeout(next("SYNC timeout-ms")?, "SYNC timeout-ms")?;
     Ok(SyncRequest {
         replicas,
         timeout_ms,
@@ -140,10 +134,15 @@ fn fsync_option<'a>(
     rest: &mut impl Iterator<Item = (usize, &'a RedisString)>,
 ) -> Result<u64, LockError> {
     let value = value_after(rest, "FSYNC timeout-ms", "missing after FSYNC")?;
-    let timeout_ms = duration(value, "FSYNC timeout-ms")?;
+    reply_timeout(value, "FSYNC timeout-ms")
+}
+
+/// How long a reply may wait (SYNC, FSYNC): a positive integer up to WAIT's bound.
+fn reply_timeout(arg: &RedisString, name: &'static str) -> Result<u64, LockError> {
+    let timeout_ms = duration(arg, name)?;
     if timeout_ms > MAX_TIMEOUT_MS as u64 {
         return Err(LockError::BadInteger {
-            name: "FSYNC timeout-ms",
+            name,
             detail: "too large",
         });
     }
