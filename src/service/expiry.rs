@@ -113,7 +113,7 @@ pub fn rebuild(ctx: &Context) {
             if let Some(at) = stored.index_afresh() {
                 found.push((at, db, stored.id(), key.into()));
             }
-            holds::rebuilt(stored, key);
+            holds::follow(stored, key);
         });
         db += 1;
     }

@@ -91,30 +91,14 @@ fn set_oldest(stored: &Stored, key: &[u8], since: Option<u64>) {
 
 /// The lock `stored` arrived under `key` (RENAME, MOVE, COPY, RESTORE).
 pub fn arrived(stored: &Stored, key: &[u8]) {
-    let tag = tag_of(key);
-    let mut ages = ages();
-    ages.retag(stored.id(), stored.age_slot(), tag);
-    let slot = ages.set(
-        stored.id(),
-        stored.age_slot(),
-        stored.lock().oldest_grant(),
-        || tag,
-    );
-    stored.set_age_slot(slot);
+    ages().retag(stored.id(), stored.age_slot(), tag_of(key));
+    follow(stored, key);
 }
 
-/// Before loading's rebuild ([`rebuilt`] for each lock found): no lock has an age.
+/// Before loading's rebuild ([`follow`] for each lock found): no lock has an age.
 pub fn clear() {
     INDEXED_THRESHOLD.store(config::LONG_HOLD.get(), Ordering::Relaxed);
     ages().clear();
-}
-
-/// After loading: the lock `stored` under `key` was found.
-pub fn rebuilt(stored: &Stored, key: &[u8]) {
-    let slot = ages().set(stored.id(), None, stored.lock().oldest_grant(), || {
-        tag_of(key)
-    });
-    stored.set_age_slot(slot);
 }
 
 /// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
