@@ -170,20 +170,11 @@ fn fsync_is_refused_where_it_cannot_be_kept_and_bad_values_change_nothing() {
     drop(c);
     let server = aof_server();
     let mut c = server.conn();
-    let cannot = "ERR FSYNC cannot wait inside MULTI or a script; send WAITAOF after EXEC instead";
-    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
-    assert_eq!(
-        c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "FSYNC", "100"]),
-        Reply::status("QUEUED")
+    refused_in_multi_and_script(
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "t", "1000", "FSYNC", "100"],
+        "ERR FSYNC cannot wait inside MULTI or a script; send WAITAOF after EXEC instead",
     );
-    assert_eq!(c.call(&["EXEC"]), Reply::Array(vec![Reply::error(cannot)]));
-    let script = c.call(&[
-        "EVAL",
-        "return redis.pcall('LOCK.ACQUIRE', KEYS[1], 't', '1000', 'FSYNC', '100')",
-        "1",
-        "k",
-    ]);
-    assert_eq!(script, Reply::error(cannot));
     for (args, error) in [
         (
             vec!["LOCK.ACQUIRE", "k", "t", "1000", "FSYNC"],

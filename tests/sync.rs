@@ -153,21 +153,11 @@ fn a_waiter_granted_from_the_queue_is_answered_once_the_replica_has_it() {
 fn sync_is_refused_where_a_client_cannot_wait_and_bad_values_change_nothing() {
     let server = Server::start();
     let mut c = server.conn();
-    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
-    assert_eq!(
-        c.call(&["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "1", "100"]),
-        Reply::status("QUEUED")
+    refused_in_multi_and_script(
+        &mut c,
+        &["LOCK.ACQUIRE", "k", "t", "1000", "SYNC", "1", "100"],
+        "ERR SYNC cannot wait for replicas inside MULTI or a script; send WAIT after EXEC instead",
     );
-    let cannot =
-        "ERR SYNC cannot wait for replicas inside MULTI or a script; send WAIT after EXEC instead";
-    assert_eq!(c.call(&["EXEC"]), Reply::Array(vec![Reply::error(cannot)]));
-    let script = c.call(&[
-        "EVAL",
-        "return redis.pcall('LOCK.ACQUIRE', KEYS[1], 't', '1000', 'SYNC', '1', '100')",
-        "1",
-        "k",
-    ]);
-    assert_eq!(script, Reply::error(cannot));
     for (args, error) in [
         (
             vec!["LOCK.ACQUIRE", "k", "t", "1000", "SYNC"],

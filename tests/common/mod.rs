@@ -436,6 +436,30 @@ pub fn acquire(conn: &mut Conn, key: &str, token: &str, ttl: u64) -> i64 {
     }
 }
 
+/// `command` (its key second, as in every LOCK.* command) answers `error` inside MULTI (as the
+/// one reply of EXEC) and inside a script (`redis.pcall`, the key passed as `KEYS[1]`).
+pub fn refused_in_multi_and_script(c: &mut Conn, command: &[&str], error: &str) {
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    assert_eq!(c.call(command), Reply::status("QUEUED"));
+    assert_eq!(c.call(&["EXEC"]), Reply::Array(vec![Reply::error(error)]));
+    let quoted: Vec<String> = command
+        .iter()
+        .enumerate()
+        .map(|(i, arg)| {
+            if i == 1 {
+                "KEYS[1]".to_string()
+            } else {
+                format!("'{arg}'")
+            }
+        })
+        .collect();
+    let script = format!("return redis.pcall({})", quoted.join(", "));
+    assert_eq!(
+        c.call(&["EVAL", &script, "1", command[1]]),
+        Reply::error(error)
+    );
+}
+
 /// `LOCK.ACQUIRE key token ttl` with `extra` options, the reply as it came.
 pub fn acquire_with(c: &mut Conn, key: &str, token: &str, ttl: u64, extra: &[&str]) -> Reply {
     let ttl = ttl.to_string();
