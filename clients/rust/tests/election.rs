@@ -150,18 +150,7 @@ fn a_leader_stalled_past_its_lease_is_deposed_and_its_writes_are_refused() {
     );
     assert!(matches!(refused, Err(Error::Lost)), "{refused:?}");
     let mut conn = server.conn();
-    let raw = conn.call(&[
-        "LOCK.GUARD",
-        name,
-        &old.term().to_string(),
-        "SET",
-        "leader:stalled:written",
-        "stale",
-    ]);
-    assert!(
-        matches!(&raw, Reply::Error(e) if e.starts_with("FENCED")),
-        "{raw:?}"
-    );
+    support::stale_guarded_write_is_fenced(&mut conn, name, old.term(), "leader:stalled:written");
     assert_eq!(
         conn.call(&["GET", "leader:stalled:written"]),
         Reply::bulk(&new.term().to_string())

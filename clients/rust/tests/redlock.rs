@@ -103,17 +103,11 @@ fn a_paused_holder_and_a_new_one_both_hold_but_one_fenced_lock_refuses_the_stale
         .expect("current write");
     let refused = old.guarded::<()>(redis::cmd("SET").arg("fenced:pause:data").arg("stale"));
     assert!(matches!(refused, Err(Error::Lost)), "{refused:?}");
-    let raw = storage.call(&[
-        "LOCK.GUARD",
+    support::stale_guarded_write_is_fenced(
+        &mut storage,
         "fenced:pause",
-        &old.fence().to_string(),
-        "SET",
+        old.fence(),
         "fenced:pause:data",
-        "stale",
-    ]);
-    assert!(
-        matches!(&raw, Reply::Error(e) if e.starts_with("FENCED")),
-        "{raw:?}"
     );
     assert_eq!(
         storage.call(&["GET", "fenced:pause:data"]),

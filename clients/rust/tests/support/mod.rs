@@ -9,11 +9,28 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, RedisResult, Value};
 use redis_lock_client::{BoxedConnection, Connector};
 
-use crate::common::{wait_for, Server, PATIENCE};
+use crate::common::{wait_for, Conn, Reply, Server, PATIENCE};
 
 /// A `redis` crate client for `server`.
 pub fn client(server: &Server) -> redis::Client {
     redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client")
+}
+
+/// A write of `data_key` through `LOCK.GUARD lock_key fence`, sent directly (not through a
+/// helper), is refused with `FENCED`: `fence` is no longer the lock's current one.
+pub fn stale_guarded_write_is_fenced(conn: &mut Conn, lock_key: &str, fence: i64, data_key: &str) {
+    let raw = conn.call(&[
+        "LOCK.GUARD",
+        lock_key,
+        &fence.to_string(),
+        "SET",
+        data_key,
+        "stale",
+    ]);
+    assert!(
+        matches!(&raw, Reply::Error(e) if e.starts_with("FENCED")),
+        "{raw:?}"
+    );
 }
 
 /// `calls` of a command in INFO commandstats (0 before its first call).
