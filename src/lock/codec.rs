@@ -175,8 +175,8 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
     if let Some(group) = lock.group.as_deref() {
         out.unsigned(GROUP);
         out.unsigned(u64::from(group.limit));
-        out.unsigned(group.members.len() as u64);
-        for member in &group.members {
+        out.unsigned(group.members().len() as u64);
+        for member in group.members() {
             out.unsigned(member.fence);
             save_holder(&member.holder, out);
         }
@@ -275,7 +275,7 @@ fn load_group(fence: u64, version: i32, input: &mut impl Source) -> Result<Group
         let holder = load_holder(version, input)?;
         members.push(Member::new(member_fence, holder));
     }
-    let group = Group { limit, members };
+    let group = Group::new(limit, members);
     check_group(fence, &group).map_err(DecodeError::Invalid)?;
     Ok(group)
 }
@@ -284,7 +284,7 @@ fn load_group(fence: u64, version: i32, input: &mut impl Source) -> Result<Group
 /// and not exceed the key's fence; a group without a limit must have members, and no more than
 /// the limit (or [`MAX_HOLDERS`]); tokens differ.
 fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
-    if group.limit == 0 && group.members.is_empty() {
+    if group.limit == 0 && group.members().is_empty() {
         return Err("empty group without a limit");
     }
     let cap = if group.limit == 0 {
@@ -292,11 +292,11 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
     } else {
         group.limit
     };
-    if group.limit > MAX_HOLDERS || group.members.len() > cap as usize {
+    if group.limit > MAX_HOLDERS || group.members().len() > cap as usize {
         return Err("more holders than the limit");
     }
     let mut last = 0;
-    for member in &group.members {
+    for member in group.members() {
         if member.fence <= last || member.fence > fence {
             return Err("member fence out of order");
         }
@@ -305,7 +305,7 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
         }
         last = member.fence;
     }
-    let mut tokens: Vec<&[u8]> = group.members.iter().map(|m| m.holder.token()).collect();
+    let mut tokens: Vec<&[u8]> = group.members().iter().map(|m| m.holder.token()).collect();
     tokens.sort_unstable();
     if tokens.windows(2).any(|pair| pair[0] == pair[1]) {
         return Err("one token holds twice");
@@ -438,12 +438,14 @@ pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> 
     state.number(u64::from(lock.limit()));
     state.number(now);
     let mut args = vec![state.as_bytes().to_vec()];
-    match lock.member_change(token) {
-        MemberChange::Set(member) => {
-            args.push(member_state(&member));
+    // These events removed the hold, and a token holds at most once: nothing to look for.
+    let removed = matches!(event, Event::Release | Event::Expired | Event::SessionEnd);
+    match lock.member(token).filter(|_| !removed) {
+        Some(member) => {
+            args.push(member_state(member));
             push_holder(&mut args, &member.holder);
         }
-        MemberChange::Remove(token) => args.push(token.to_vec()),
+        None => args.push(token.to_vec()),
     }
     args
 }
@@ -620,13 +622,10 @@ fn parse_group_effect(state: &[u8], members: &[&[u8]]) -> Result<Effect, LockErr
     if fields.next().is_some() {
         return Err(LockError::BadEffect("extra fields"));
     }
-    let mut group = Group {
-        limit,
-        members: Vec::with_capacity(members.len() / 2),
-    };
+    let mut group = Group::new(limit, Vec::with_capacity(members.len() / 2));
     let mut args = members.iter().copied();
     while let Some(state) = args.next() {
-        group.members.push(parse_member(state, &mut args)?);
+        group.push(parse_member(state, &mut args)?);
     }
     check_group(fence, &group).map_err(LockError::BadEffect)?;
     Ok(Effect {
@@ -726,7 +725,7 @@ mod tests {
         for member in grouped
             .group
             .as_mut()
-            .map_or(&mut [][..], |g| &mut g.members[..])
+            .map_or(&mut [][..], |g| &mut g.members_mut()[..])
         {
             *member.holder.grant =
                 Grant::new(member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
@@ -963,10 +962,10 @@ mod tests {
         Lock {
             fence: 90,
             holder: None,
-            group: Some(Box::new(Group {
+            group: Some(Box::new(Group::new(
                 limit,
-                members: vec![member(80, b"r\0one", true), member(90, b"two", false)],
-            })),
+                vec![member(80, b"r\0one", true), member(90, b"two", false)],
+            ))),
             delayed_until: 0,
         }
     }
@@ -975,7 +974,7 @@ mod tests {
     fn shared_holders_and_semaphores_round_trip_in_rdb_and_effects() {
         let mut free_semaphore = grouped(5);
         if let Some(group) = free_semaphore.group.as_deref_mut() {
-            group.members.clear();
+            group.members_mut().clear();
         }
         for lock in [grouped(0), grouped(3), free_semaphore] {
             // Version 2 knew no groups: refused, not misread.
@@ -988,17 +987,18 @@ mod tests {
     fn malformed_groups_are_refused() {
         let mut disordered = grouped(0);
         if let Some(group) = disordered.group.as_deref_mut() {
-            group.members.reverse();
+            group.members_mut().reverse();
         }
         let mut twice = grouped(0);
         if let Some(group) = twice.group.as_deref_mut() {
-            let mut holder = group.members[1].holder.clone();
-            holder.grant = group.members[0].holder.grant.clone();
-            group.members[1] = Member::new(group.members[1].fence, holder);
+            let members = group.members_mut();
+            let mut holder = members[1].holder.clone();
+            holder.grant = members[0].holder.grant.clone();
+            members[1] = Member::new(members[1].fence, holder);
         }
         let mut empty = grouped(0);
         if let Some(group) = empty.group.as_deref_mut() {
-            group.members.clear();
+            group.members_mut().clear();
         }
         for lock in [disordered, twice, empty] {
             let mut fields = Fields::default();

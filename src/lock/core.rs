@@ -249,8 +249,125 @@ pub struct Group {
     /// A semaphore keeps its limit while its key exists, free or not.
     pub limit: u32,
     /// The holders, in grant order (their fences increase).
-    pub members: Vec<Member>,
+    members: Vec<Member>,
+    /// No later than the earliest deadline among the members, once a look through them found
+    /// it: with a thousand holders, "is one overdue?", "when is the next one due?" and "how
+    /// many are live?" are asked several times per command, and answered from it. Exact after
+    /// that look; a holder leaving may leave it early (a lease timer set by it fires early,
+    /// never late, and the next look makes it exact again). Beside it, whether a member may
+    /// have been announced as a long hold.
+    hints: Hints,
 }
+
+impl Group {
+    pub fn new(limit: u32, members: Vec<Member>) -> Group {
+        Group {
+            limit,
+            members,
+            hints: Hints::default(),
+        }
+    }
+
+    /// The holders, in grant order.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// The holders, to change as the caller likes: the earliest deadline is looked for again
+    /// when next asked.
+    pub fn members_mut(&mut self) -> &mut Vec<Member> {
+        self.hints = Hints::default();
+        &mut self.members
+    }
+
+    /// Adds a holder last, keeping the earliest deadline when it is known.
+    pub fn push(&mut self, member: Member) {
+        let deadline = member.holder.deadline;
+        let long = member.holder.long;
+        self.members.push(member);
+        if let Some(earliest) = self.hints.earliest.get() {
+            self.hints.earliest.set(Some(earliest.min(deadline)));
+        }
+        if long {
+            self.hints.long.set(Some(true));
+        }
+    }
+
+    /// Removes the holder at `index` (the bound on the deadlines stays a bound).
+    fn remove(&mut self, index: usize) -> Option<Member> {
+        (index < self.members.len()).then(|| self.members.remove(index))
+    }
+
+    /// A time no later than the earliest deadline among the holders (the earliest itself when
+    /// the holders were looked through since one left); `None` without holders.
+    pub fn deadline_bound(&self) -> Option<u64> {
+        if self.members.is_empty() {
+            return None;
+        }
+        self.hints.earliest.get().or_else(|| self.earliest_exact())
+    }
+
+    /// The earliest deadline among the holders, looked for (and kept).
+    fn earliest_exact(&self) -> Option<u64> {
+        let earliest = self.members.iter().map(|m| m.holder.deadline).min()?;
+        self.hints.earliest.set(Some(earliest));
+        Some(earliest)
+    }
+
+    /// False when no member was announced as a long hold (looked for once, then kept).
+    fn maybe_long(&self) -> bool {
+        self.hints.long.get().unwrap_or_else(|| {
+            let long = self.members.iter().any(|m| m.holder.long);
+            self.hints.long.set(Some(long));
+            long
+        })
+    }
+
+    /// True when a holder's lease ran out by `now`.
+    fn any_overdue(&self, now: u64) -> bool {
+        if self.deadline_bound().is_none_or(|bound| bound > now) {
+            return false;
+        }
+        self.earliest_exact().is_some_and(|earliest| earliest <= now)
+    }
+
+    /// How many holders have a lease still running at `now`.
+    fn live_count(&self, now: u64) -> usize {
+        if !self.any_overdue(now) {
+            return self.members.len();
+        }
+        self.members
+            .iter()
+            .filter(|m| m.holder.deadline > now)
+            .count()
+    }
+
+    /// Drops the holders whose lease ran out by `now`.
+    fn drop_overdue(&mut self, now: u64) {
+        if self.any_overdue(now) {
+            self.members_mut().retain(|m| m.holder.deadline > now);
+        }
+    }
+}
+
+/// What a group's members were found to be, kept until they change (`None`: look again). Not
+/// part of the lock's value: equal groups compare equal whatever they hold.
+#[derive(Clone, Debug, Default)]
+struct Hints {
+    /// See [`Group::deadline_bound`].
+    earliest: std::cell::Cell<Option<u64>>,
+    /// Whether a member may be marked long (true may be stale after it left: never false while
+    /// one is).
+    long: std::cell::Cell<Option<bool>>,
+}
+
+impl PartialEq for Hints {
+    fn eq(&self, _: &Hints) -> bool {
+        true
+    }
+}
+
+impl Eq for Hints {}
 
 /// The value stored under a lock key. A released lock keeps its key (a tombstone) so the last
 /// fence travels with the key through RDB, AOF, replication, DUMP/RESTORE and MIGRATE.
@@ -481,12 +598,25 @@ impl Lock {
                 marked.push((fence, (*holder.grant).clone()));
             }
         }
+        if let Some(group) = self.group.as_deref() {
+            if !marked.is_empty() {
+                group.hints.long.set(None);
+            }
+        }
         marked
     }
 
     /// The fences of the holds announced as long.
     pub fn long_fences(&self) -> Vec<u64> {
-        self.all_holders()
+        let members = match self.group.as_deref() {
+            Some(group) if group.maybe_long() => group.members(),
+            _ => &[],
+        };
+        let fence = self.fence;
+        let holder = self.holder.as_ref().map(|h| (fence, h));
+        holder
+            .into_iter()
+            .chain(members.iter().map(|m| (m.fence, &m.holder)))
             .filter(|(_, h)| h.long)
             .map(|(fence, _)| fence)
             .collect()
@@ -513,7 +643,8 @@ impl Lock {
 
     /// True when `token` holds the lock (in any mode) at `now`.
     pub fn holds(&self, token: &[u8], now: u64) -> bool {
-        self.live_holders(now).any(|(_, h)| h.token() == token)
+        self.live_holder(now).is_some_and(|h| h.token() == token)
+            || self.live_member_index(token, now).is_some()
     }
 
     pub fn is_held(&self, now: u64) -> bool {
@@ -523,7 +654,7 @@ impl Lock {
     /// A holder whose deadline has passed but who has not been removed yet.
     pub fn is_overdue(&self, now: u64) -> bool {
         self.holder.as_ref().is_some_and(|h| h.deadline <= now)
-            || self.members().iter().any(|m| m.holder.deadline <= now)
+            || self.group.as_deref().is_some_and(|g| g.any_overdue(now))
     }
 
     /// The live hold of `token`, exclusive or shared.
@@ -535,7 +666,7 @@ impl Lock {
         let print = fingerprint(token);
         self.group
             .as_deref_mut()?
-            .members
+            .members_mut()
             .iter_mut()
             .find(|m| m.holder.deadline > now && m.is(token, print))
             .map(|m| &mut m.holder)
@@ -545,7 +676,7 @@ impl Lock {
     /// held any more.
     fn remove_member(&mut self, index: usize) -> Option<Member> {
         let group = self.group.as_deref_mut()?;
-        let member = (index < group.members.len()).then(|| group.members.remove(index))?;
+        let member = group.remove(index)?;
         if group.limit == 0 && group.members.is_empty() {
             self.group = None;
         }
@@ -553,11 +684,13 @@ impl Lock {
     }
 
     /// The index of the live member holding with `token`.
+    /// (From the latest grant back: a holder that comes back soon after its grant finds itself
+    /// sooner.)
     fn live_member_index(&self, token: &[u8], now: u64) -> Option<usize> {
         let print = fingerprint(token);
         self.members()
             .iter()
-            .position(|m| m.holder.deadline > now && m.is(token, print))
+            .rposition(|m| m.holder.deadline > now && m.is(token, print))
     }
 
     /// Removes one holder whose lease ran out (the exclusive one, or the shared one that ran out
@@ -596,13 +729,11 @@ impl Lock {
         Some(self.members()[index].holder.token())
     }
 
-    /// What became of `token`'s shared or permit hold in this lock: its hold now, or gone.
-    pub fn member_change(&self, token: &[u8]) -> MemberChange {
+    /// `token`'s shared or permit hold, live or overdue, if it has one. Searched from the
+    /// latest grant back: a change just made is most often to the newest holder.
+    pub fn member(&self, token: &[u8]) -> Option<&Member> {
         let print = fingerprint(token);
-        match self.members().iter().find(|m| m.is(token, print)) {
-            Some(member) => MemberChange::Set(member.clone()),
-            None => MemberChange::Remove(token.into()),
-        }
+        self.members().iter().rev().find(|m| m.is(token, print))
     }
 
     /// Applies one shared or permit holder's change made on the primary at `now`, the key's
@@ -653,19 +784,18 @@ impl Lock {
                     m.is(member.holder.token(), member.print) && m.fence == member.fence
                 });
                 match same {
-                    Some(index) => group.members[index] = member,
+                    Some(index) => group.members_mut()[index] = member,
                     None => {
-                        group.members.retain(|m| m.holder.deadline > now);
-                        group
-                            .members
-                            .retain(|m| !m.is(member.holder.token(), member.print));
-                        group.members.push(member);
+                        let members = group.members_mut();
+                        members.retain(|m| m.holder.deadline > now);
+                        members.retain(|m| !m.is(member.holder.token(), member.print));
+                        group.push(member);
                     }
                 }
             }
             MemberChange::Remove(token) => {
                 let print = fingerprint(&token);
-                group.members.retain(|m| !m.is(&token, print));
+                group.members_mut().retain(|m| !m.is(&token, print));
             }
         }
         if group.limit == 0 && group.members.is_empty() {
@@ -717,7 +847,8 @@ impl Lock {
             0 => MAX_HOLDERS,
             limit => limit,
         };
-        self.live_members(now).count() < limit as usize
+        let live = self.group.as_deref().map_or(0, |g| g.live_count(now));
+        live < limit as usize
     }
 
     /// Ends a running lock-delay at once (LOCK.FORCERELEASE). True when one was running.
@@ -825,10 +956,7 @@ impl Lock {
                 refresh(&mut holder, request, deadline);
                 holder.grant.delay = 0;
                 let fence = self.fence;
-                self.group = Some(Box::new(Group {
-                    limit: 0,
-                    members: vec![Member::new(fence, holder)],
-                }));
+                self.group = Some(Box::new(Group::new(0, vec![Member::new(fence, holder)])));
                 Ok(Acquire::Downgraded { fence })
             }
             Admit::New => {
@@ -838,7 +966,7 @@ impl Lock {
                 // Holders whose lease ran out go (callers expire them first, announced).
                 self.holder = None;
                 if let Some(group) = self.group.as_deref_mut() {
-                    group.members.retain(|m| m.holder.deadline > now);
+                    group.drop_overdue(now);
                     if group.limit == 0 && group.members.is_empty() {
                         self.group = None;
                     }
@@ -866,7 +994,7 @@ impl Lock {
                 };
                 let group = self.group.get_or_insert_with(Box::default);
                 group.limit = limit;
-                group.members.push(Member::new(fence, holder));
+                group.push(Member::new(fence, holder));
                 Ok(Acquire::Granted { fence })
             }
         }
@@ -875,12 +1003,23 @@ impl Lock {
     /// Drops one hold of `token`. Returns `None` when `token` does not hold the lock, otherwise
     /// whether its hold ended (for an exclusive holder: the lock is now free).
     pub fn release(&mut self, token: &[u8], now: u64) -> Option<bool> {
-        let holder = self.live_hold_mut(token, now)?;
+        let live = |h: &&mut Holder| h.deadline > now && h.token() == token;
+        if let Some(holder) = self.holder.as_mut().filter(live) {
+            if holder.holds > 1 {
+                holder.holds -= 1;
+                return Some(false);
+            }
+            self.holder = None;
+            return Some(true);
+        }
+        // One look through the members; a dropped hold leaves the deadlines as they were.
+        let index = self.live_member_index(token, now)?;
+        let holder = &mut self.group.as_deref_mut()?.members.get_mut(index)?.holder;
         if holder.holds > 1 {
             holder.holds -= 1;
             return Some(false);
         }
-        self.end_hold(token, now);
+        self.remove_member(index);
         Some(true)
     }
 
@@ -926,7 +1065,7 @@ impl Lock {
         if was_held {
             self.holder = None;
             if let Some(group) = self.group.as_deref_mut() {
-                group.members.clear();
+                group.members_mut().clear();
             }
             if self.limit() == 0 {
                 self.group = None;
@@ -965,15 +1104,12 @@ impl Lock {
         self.live_holders(now).map(|(_, h)| h.deadline - now).min()
     }
 
-    /// The deadline the lease timer has to look at first: the earliest of every holder's.
+    /// When the lease timer has to look at the lock first: no later than the earliest of every
+    /// holder's deadline (exact once overdue holders were looked for, see [`Lock::is_overdue`]);
+    /// `None` without holders.
     pub fn next_deadline(&self) -> Option<u64> {
-        let members = self.members().iter().map(|m| m.holder.deadline);
-        self.holder
-            .as_ref()
-            .map(|h| h.deadline)
-            .into_iter()
-            .chain(members)
-            .min()
+        let members = self.group.as_deref().and_then(Group::deadline_bound);
+        self.holder.as_ref().map(|h| h.deadline).into_iter().chain(members).min()
     }
 
     /// True when any holder, live or overdue, is recorded (what the held gauge counts).
@@ -1373,6 +1509,46 @@ mod tests {
     }
 
     #[test]
+    fn what_a_group_keeps_about_its_members_follows_them() {
+        let mut lock = Lock::default();
+        let a = granted(lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0));
+        let b = granted(lock.grant(&asking(b"b", 3000, Mode::Shared), a, T0));
+        let c = granted(lock.grant(&asking(b"c", 2000, Mode::Shared), b, T0));
+        assert_eq!(lock.next_deadline(), Some(T0 + 1000));
+        assert!(lock.has_room(T0 + 999) && !lock.is_overdue(T0 + 999));
+        // The earliest holder leaves: the lease timer may look early, never late, and a look
+        // for overdue holders finds the new earliest.
+        assert_eq!(lock.release(b"a", T0 + 10), Some(true));
+        assert!(lock.next_deadline() <= Some(T0 + 2000));
+        assert!(!lock.is_overdue(T0 + 1500));
+        assert_eq!(lock.next_deadline(), Some(T0 + 2000));
+        // A renewal moves a deadline back; a new holder may bring an earlier one.
+        assert!(lock.renew(b"c", 100, T0 + 20));
+        assert_eq!(lock.next_deadline(), Some(T0 + 120));
+        let d = granted(lock.grant(&asking(b"d", 50, Mode::Shared), c, T0 + 30));
+        assert_eq!(lock.next_deadline(), Some(T0 + 80));
+        assert!(lock.is_overdue(T0 + 80));
+        assert!(lock.expire(T0 + 80));
+        assert_eq!(lock.members().len(), 2);
+        assert!(!lock.holds(b"d", T0 + 80) && d > c);
+        // Long holds: none until one is marked, then that one until it ends.
+        assert_eq!(lock.long_fences(), Vec::<u64>::new());
+        assert_eq!(lock.mark_long(50, T0 + 100).len(), 2);
+        assert_eq!(lock.long_fences(), vec![b, c]);
+        assert_eq!(lock.release(b"c", T0 + 100), Some(true));
+        assert_eq!(lock.long_fences(), vec![b]);
+        // A long exclusive hold that becomes a shared one stays long.
+        let mut lock = Lock::default();
+        let x = granted(lock.grant(&asking(b"x", 1000, Mode::Exclusive), 0, T0));
+        assert_eq!(lock.mark_long(10, T0 + 10).len(), 1);
+        let downgraded = lock.grant(&asking(b"x", 1000, Mode::Shared), x, T0 + 20);
+        assert_eq!(downgraded, Ok(Acquire::Downgraded { fence: x }));
+        assert_eq!(lock.long_fences(), vec![x]);
+        granted(lock.grant(&asking(b"y", 1000, Mode::Shared), x, T0 + 20));
+        assert_eq!(lock.long_fences(), vec![x]);
+    }
+
+    #[test]
     fn the_exclusive_holder_downgrades_without_a_free_moment_and_upgrades_are_refused() {
         let mut lock = Lock::default();
         let w = granted(lock.grant(&asking(b"w", 1000, Mode::Exclusive), 0, T0));
@@ -1508,10 +1684,10 @@ mod tests {
         };
         let mut lock = Lock {
             fence: u64::from(MAX_HOLDERS),
-            group: Some(Box::new(Group {
-                limit: 0,
-                members: (1..=u64::from(MAX_HOLDERS)).map(member).collect(),
-            })),
+            group: Some(Box::new(Group::new(
+                0,
+                (1..=u64::from(MAX_HOLDERS)).map(member).collect(),
+            ))),
             ..Lock::default()
         };
         assert!(!lock.has_room(T0));

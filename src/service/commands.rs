@@ -146,10 +146,9 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let (outcome, lock_id) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            let holds_it = stored.lock().holds(token, now);
             // Queued waiters are not overtaken: only a holder may re-acquire (or downgrade).
             // What could never be granted is refused all the same.
-            let outcome = if holds_it || !waiters::queued(ctx, key_name) {
+            let outcome = if !waiters::queued(ctx, key_name) || stored.lock().holds(token, now) {
                 grant_stored(ctx, key_name, stored, &request, now)
             } else {
                 stored.lock().admit(&request, now).map(|_| Acquire::Busy)

@@ -500,7 +500,7 @@ impl ValueType for Stored {
             holder.session = false;
         }
         if let Some(group) = lock.group.as_deref_mut() {
-            for member in &mut group.members {
+            for member in group.members_mut() {
                 member.holder.session = false;
             }
         }
