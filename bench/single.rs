@@ -556,7 +556,14 @@ fn aof_bytes(conn: &mut Conn, shas: &Shas<'_>) -> AofBytes {
     let renew = measure(&|i| vec!["LOCK.RENEW".into(), lock(i), TOKEN.into(), TTL.into()]);
     let renew_script = measure(&|i| {
         let sha = shas.renew.to_string();
-        vec!["EVALSHA".into(), sha, "1".into(), string(i), TOKEN.into(), TTL.into()]
+        vec![
+            "EVALSHA".into(),
+            sha,
+            "1".into(),
+            string(i),
+            TOKEN.into(),
+            TTL.into(),
+        ]
     });
     let release = measure(&|i| vec!["LOCK.RELEASE".into(), lock(i), TOKEN.into()]);
     let release_script = measure(&|i| {
@@ -566,8 +573,16 @@ fn aof_bytes(conn: &mut Conn, shas: &Shas<'_>) -> AofBytes {
     AofBytes {
         pairs: [
             ("LOCK.ACQUIRE vs SET key token NX PX ttl", acquire, set),
-            ("LOCK.RENEW vs EVALSHA compare-and-PEXPIRE", renew, renew_script),
-            ("LOCK.RELEASE vs EVALSHA compare-and-delete", release, release_script),
+            (
+                "LOCK.RENEW vs EVALSHA compare-and-PEXPIRE",
+                renew,
+                renew_script,
+            ),
+            (
+                "LOCK.RELEASE vs EVALSHA compare-and-delete",
+                release,
+                release_script,
+            ),
         ],
     }
 }

@@ -328,7 +328,8 @@ impl Group {
         if self.deadline_bound().is_none_or(|bound| bound > now) {
             return false;
         }
-        self.earliest_exact().is_some_and(|earliest| earliest <= now)
+        self.earliest_exact()
+            .is_some_and(|earliest| earliest <= now)
     }
 
     /// How many holders have a lease still running at `now`.
@@ -1109,7 +1110,12 @@ impl Lock {
     /// `None` without holders.
     pub fn next_deadline(&self) -> Option<u64> {
         let members = self.group.as_deref().and_then(Group::deadline_bound);
-        self.holder.as_ref().map(|h| h.deadline).into_iter().chain(members).min()
+        self.holder
+            .as_ref()
+            .map(|h| h.deadline)
+            .into_iter()
+            .chain(members)
+            .min()
     }
 
     /// True when any holder, live or overdue, is recorded (what the held gauge counts).

@@ -269,9 +269,18 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
     let m_next = model.holders.iter().map(|h| h.deadline).min();
     let next = lock.next_deadline();
     assert_eq!(next.is_some(), m_next.is_some(), "next deadline; {}", ctx());
-    assert!(next <= m_next, "next deadline {next:?} after {m_next:?}; {}", ctx());
+    assert!(
+        next <= m_next,
+        "next deadline {next:?} after {m_next:?}; {}",
+        ctx()
+    );
     if m_next.is_some_and(|at| lock.is_overdue(at.max(now))) {
-        assert_eq!(lock.next_deadline(), m_next, "next deadline once overdue; {}", ctx());
+        assert_eq!(
+            lock.next_deadline(),
+            m_next,
+            "next deadline once overdue; {}",
+            ctx()
+        );
     }
     let m_ttl = model.live(now).map(|h| h.deadline - now).min();
     assert_eq!(lock.ttl(now), m_ttl, "ttl; {}", ctx());
