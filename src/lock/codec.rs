@@ -722,13 +722,13 @@ mod tests {
         }
         // The same members in a group, and one member's change alone.
         let mut grouped = grouped(3);
-        for member in grouped
-            .group
-            .as_mut()
-            .map_or(&mut [][..], |g| &mut g.members_mut()[..])
-        {
-            *member.holder.grant =
-                Grant::new(member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
+        if let Some(group) = grouped.group.as_mut() {
+            group.change_members(|members| {
+                for member in members {
+                    *member.holder.grant =
+                        Grant::new(member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
+                }
+            });
         }
         saved_and_refused_by(&grouped, 3);
         round_trip(Event::Acquire, grouped.clone());
@@ -974,7 +974,7 @@ mod tests {
     fn shared_holders_and_semaphores_round_trip_in_rdb_and_effects() {
         let mut free_semaphore = grouped(5);
         if let Some(group) = free_semaphore.group.as_deref_mut() {
-            group.members_mut().clear();
+            group.change_members(Vec::clear);
         }
         for lock in [grouped(0), grouped(3), free_semaphore] {
             // Version 2 knew no groups: refused, not misread.
@@ -987,18 +987,19 @@ mod tests {
     fn malformed_groups_are_refused() {
         let mut disordered = grouped(0);
         if let Some(group) = disordered.group.as_deref_mut() {
-            group.members_mut().reverse();
+            group.change_members(|members| members.reverse());
         }
         let mut twice = grouped(0);
         if let Some(group) = twice.group.as_deref_mut() {
-            let members = group.members_mut();
-            let mut holder = members[1].holder.clone();
-            holder.grant = members[0].holder.grant.clone();
-            members[1] = Member::new(members[1].fence, holder);
+            group.change_members(|members| {
+                let mut holder = members[1].holder.clone();
+                holder.grant = members[0].holder.grant.clone();
+                members[1] = Member::new(members[1].fence, holder);
+            });
         }
         let mut empty = grouped(0);
         if let Some(group) = empty.group.as_deref_mut() {
-            group.members_mut().clear();
+            group.change_members(Vec::clear);
         }
         for lock in [disordered, twice, empty] {
             let mut fields = Fields::default();

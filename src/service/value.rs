@@ -500,9 +500,11 @@ impl ValueType for Stored {
             holder.session = false;
         }
         if let Some(group) = lock.group.as_deref_mut() {
-            for member in group.members_mut() {
-                member.holder.session = false;
-            }
+            group.change_members(|members| {
+                for member in members {
+                    member.holder.session = false;
+                }
+            });
         }
         Stored::new(lock)
     }
