@@ -434,7 +434,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             s.vs_poll.push(per_sec[i] / per_sec[1]);
         }
     }
-    let crowds = crowd_rows(settings, &server, started);
+    let (crowds, crowd_goals) = crowd_rows(settings, &server, started);
     drop(server);
 
     let rtt = median(&rtt_p50);
@@ -511,6 +511,7 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
     ));
 
     table.push_str(&crowds);
+    goals.extend(crowd_goals);
 
     let mut chart = Vec::new();
     for (i, strategy) in Strategy::ALL.iter().enumerate() {
@@ -526,7 +527,11 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
 
 /// `LOCK.ACQUIRE ... WAIT` alone with larger crowds: the table rows, one per crowd, the median of
 /// the contention rounds.
-fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String {
+fn crowd_rows(
+    settings: &Settings,
+    server: &Server,
+    started: Instant,
+) -> (String, Vec<(String, bool)>) {
     // About four clients per lock in the spread crowd.
     let (largest, spread) = if settings.quick {
         (1024, 250)
@@ -570,6 +575,7 @@ fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String 
         "| waiting clients | locks | critical sections/s | handoff p50 µs | handoff p99 µs | handoffs | busy: server / driver |"
     );
     let _ = writeln!(table, "|---|---|---|---|---|---|---|");
+    let mut spread_row = None;
     for crowd in crowds {
         let mut per_sec = Vec::new();
         let mut p50 = Vec::new();
@@ -613,6 +619,52 @@ fn crowd_rows(settings: &Settings, server: &Server, started: Instant) -> String 
             median(&server_busy),
             median(&driver_busy),
         );
+        if crowd.locks > 1 {
+            spread_row = Some((
+                crowd,
+                median(&per_sec),
+                median(&p50),
+                median(&p99),
+                median(&server_busy),
+            ));
+        }
     }
-    table
+    let mut goals = Vec::new();
+    if let Some((crowd, per_sec, p50, p99, busy)) = spread_row {
+        // Every lock is always held or being handed over (the critical section is empty), so
+        // by Little's law a lock's turn comes round every locks / throughput.
+        let little_ms = crowd.locks as f64 / per_sec * 1e3;
+        let bound = busy >= SATURATED_PERCENT;
+        let _ = writeln!(
+            table,
+            "\nWith {} clients over {} locks every lock is held or being handed over all the \
+             time, so a handoff waits as long as the server takes to serve one turn of every \
+             other lock: by Little's law, locks / critical sections per second = {:.1} ms, \
+             against a handoff p50 of {:.1} ms. The server's main thread was {busy:.0}% busy{}.",
+            crowd.clients,
+            crowd.locks,
+            little_ms,
+            p50 / 1e3,
+            if bound {
+                ": the server is the bottleneck, and the handoff time is its throughput seen \
+                 from one lock"
+            } else {
+                ""
+            }
+        );
+        let goal = format!(
+            "{} waiters over {} locks: handoff p99 <= {P99_GOAL_MS} ms unless the server is \
+             the bottleneck (>= {SATURATED_PERCENT:.0}% busy; it was {busy:.0}%, p99 {:.1} ms)",
+            crowd.clients,
+            crowd.locks,
+            p99 / 1e3
+        );
+        goals.push((goal, bound || p99 <= P99_GOAL_MS as f64 * 1e3));
+    }
+    (table, goals)
 }
+
+/// Busier than this (% of the run, the server's main thread), the server is the bottleneck.
+const SATURATED_PERCENT: f64 = 95.0;
+/// The spread crowd's handoff p99 goal when the server is not the bottleneck.
+const P99_GOAL_MS: u64 = 5;

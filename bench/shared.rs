@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{Conn, Reply, Server, PATIENCE};
 use crate::util::{
-    self, cpu_ns, flushall, median, micros, pair, percentile, progress, Pinning, Settings, TOKEN,
+    self, cpu_ns, flushall, median, micros, pair, percentile, progress, verdict, Pinning, Settings,
+    TOKEN,
 };
 
 /// Client threads of the cycle rows (single.rs' redis-benchmark clients).
@@ -45,14 +46,14 @@ pub struct Outcome {
 
 pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome {
     let server = pinning.server(util::bench_config());
-    let mut table = cycle_table(settings, &server, started);
+    let (mut table, goals) = cycle_table(settings, &server, started);
     table.push_str(&readers_writers_table(settings, &server, started));
     drop(server);
-    Outcome {
-        table,
-        goals: Vec::new(),
-    }
+    Outcome { table, goals }
 }
+
+/// The goal of the crowded SHARED cycle against the exclusive one (median ratio).
+const CROWDED_GOAL: f64 = 0.9;
 
 /// One acquire/release loop of the cycle rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +194,11 @@ struct CycleSeries {
     cpu_ratio: Vec<f64>,
 }
 
-fn cycle_table(settings: &Settings, server: &Server, started: Instant) -> String {
+fn cycle_table(
+    settings: &Settings,
+    server: &Server,
+    started: Instant,
+) -> (String, Vec<(String, bool)>) {
     let mut series: Vec<CycleSeries> = Cycle::ALL.iter().map(|_| CycleSeries::default()).collect();
     for round in 0..settings.cycle_rounds {
         progress(
@@ -261,7 +266,21 @@ fn cycle_table(settings: &Settings, server: &Server, started: Instant) -> String
         CROWD + CYCLE_CLIENTS,
         TOKEN.len()
     );
-    table
+    let crowded = Cycle::ALL
+        .iter()
+        .zip(&series)
+        .find(|(cycle, _)| **cycle == Cycle::SharedCrowded)
+        .map_or(0.0, |(_, s)| median(&s.ratio));
+    let met = crowded >= CROWDED_GOAL;
+    let _ = writeln!(
+        table,
+        "\nGoal: the SHARED cycle beside {CROWD} more holders >= {CROWDED_GOAL:.2}x the \
+         exclusive cycle: {crowded:.2}x, {}.",
+        verdict(met)
+    );
+    let goal =
+        format!("SHARED cycle beside {CROWD} holders >= {CROWDED_GOAL:.2}x the exclusive one");
+    (table, vec![(goal, met)])
 }
 
 /// Which clients of the readers-and-writers runs a figure is about.
