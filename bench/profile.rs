@@ -339,6 +339,28 @@ fn table(profiles: &[Profile], requests: usize) -> String {
     for p in profiles {
         let _ = write!(out, " {:.0} |", p.run.rps);
     }
+    let cpu = |label: &str| {
+        profiles
+            .iter()
+            .find(|p| p.label == label)
+            .map(|p| p.run.server_cpu_us)
+    };
+    if let (Some(del), Some(script), Some(release)) = (
+        cpu("DEL"),
+        cpu("EVALSHA compare-and-delete"),
+        cpu("LOCK.RELEASE"),
+    ) {
+        let _ = write!(
+            out,
+            "\n\nThe ceiling of any release: DEL, which deletes without looking, costs {del:.2} \
+             µs against the compare-and-delete script's {script:.2}, so a release could be at \
+             most {:.2}x the script in server CPU; LOCK.RELEASE costs {release:.2} µs here \
+             ({:.2}x the script, {:.2} µs over DEL).",
+            script / del,
+            script / release,
+            release - del
+        );
+    }
     out.push_str("\n\nTop symbols (share of the samples):\n\n");
     for p in profiles {
         let top: Vec<String> = p
