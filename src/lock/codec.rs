@@ -394,12 +394,17 @@ impl State {
 
 /// A member's state argument in an effect: `fence:deadline:holds:flags`.
 pub fn member_state(member: &Member) -> Vec<u8> {
-    let mut text = member.fence.to_string();
+    let mut state = State {
+        buf: [0; 192],
+        len: 0,
+    };
+    // At most 7 * 21 bytes: always fits. Formatted as the key's state is, without the first
+    // field's separator.
+    state.number(member.fence);
     for field in holder_fields(&member.holder) {
-        text.push(':');
-        text.push_str(&field.to_string());
+        state.number(field);
     }
-    text.into_bytes()
+    state.as_bytes().get(1..).unwrap_or_default().to_vec()
 }
 
 /// The arguments of `LOCK.APPLY` after the key: the state, and the token when held; with a
@@ -1032,6 +1037,13 @@ mod tests {
         };
         let set = member_effect_args(Event::Renew, &lock, b"two", 1_764_000_000_000);
         assert_eq!(set.len(), 3);
+        // fence:deadline:holds:flags (no separator before the fence), then the token.
+        assert_eq!(set[1], b"90:1764000000090:1:0");
+        assert_eq!(set[2], b"two");
+        assert_eq!(
+            member_state(&lock.members()[0]),
+            b"80:1764000000080:1:1".to_vec()
+        );
         assert_eq!(
             parse(&set),
             Some(Ok(MemberChange::Set(lock.members()[1].clone())))
