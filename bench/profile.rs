@@ -282,6 +282,13 @@ pub fn run(settings: &Settings, pinning: &Pinning, started: Instant) -> Outcome 
             "3600000",
         ],
     );
+    // FENCE and GET read what RENEW and the script left (fence 1 is never current).
+    go(
+        "LOCK.FENCE",
+        (0, HELD),
+        &["LOCK.FENCE", "l:__rand_int__", "1"],
+    );
+    go("GET", (1, HELD), &["GET", "s:__rand_int__"]);
     go(
         "LOCK.RELEASE",
         (0, HELD),
@@ -308,7 +315,8 @@ fn table(profiles: &[Profile], requests: usize) -> String {
         "`perf record` (2999 Hz) on the pinned redis-server while redis-benchmark sends one \
          command, {CLIENTS} clients, pipeline {PIPELINE}, {requests} requests, on {HELD} held \
          locks and as many PX strings, each family in a database of its own. ACQUIRE and SET run \
-         first, on fresh keys; RENEW runs before RELEASE and leaves the locks held for it; DEL \
+         first, on fresh keys; RENEW runs before RELEASE and leaves the locks held for it (and \
+         for FENCE, asking about fence 1, and GET); DEL \
          runs on strings of its own, as the floor of any release. One run each, so single figures are noisy; \
          the shares are what to read. A group's µs per request = its share of the samples x the \
          run's server CPU per request (schedstat), so each command reads against its baseline in \
