@@ -298,7 +298,7 @@ impl Group {
             // No early exit inside a block: the compiler compares it in a few vector steps.
             if block.iter().fold(false, |seen, &p| seen | (p == print)) {
                 let found = (start..end).rev().find(|&index| {
-                    self.prints[index] == print
+                    self.prints.get(index) == Some(&print)
                         && self
                             .members
                             .get(index)
