@@ -224,17 +224,8 @@ impl Ages {
             Some(node) => node.next,
             None => self.head,
         };
-        let node = &mut self.nodes[slot as usize];
-        node.prev = after;
-        node.next = next;
-        match self.nodes.get_mut(after as usize) {
-            Some(before) => before.next = slot,
-            None => self.head = slot,
-        }
-        match self.nodes.get_mut(next as usize) {
-            Some(later) => later.prev = slot,
-            None => self.tail = slot,
-        }
+        self.join(after, slot);
+        self.join(slot, next);
     }
 
     /// Takes the node at `slot` out of the list or the set aside.
@@ -246,6 +237,12 @@ impl Ages {
             self.aside.remove(&(since, slot));
             return;
         }
+        self.join(prev, next);
+    }
+
+    /// Makes `next` follow `prev` in the list; `NONE` on either side is the list's end (the
+    /// other becomes its head or tail).
+    fn join(&mut self, prev: u32, next: u32) {
         match self.nodes.get_mut(prev as usize) {
             Some(before) => before.next = next,
             None => self.head = next,

@@ -324,11 +324,15 @@ pub struct State {
 }
 
 impl State {
-    pub fn of(event: Event, lock: &Lock) -> State {
-        let mut state = State {
+    fn empty() -> State {
+        State {
             buf: [0; 192],
             len: 0,
-        };
+        }
+    }
+
+    pub fn of(event: Event, lock: &Lock) -> State {
+        let mut state = State::empty();
         // At most 12 + 8 * 21 bytes (event, fence, floor, then the holder: deadline,
         // holds, flags, delay, grant time, client id): always fits.
         state.push(event.word().to_bytes());
@@ -394,10 +398,7 @@ impl State {
 
 /// A member's state argument in an effect: `fence:deadline:holds:flags`.
 pub fn member_state(member: &Member) -> Vec<u8> {
-    let mut state = State {
-        buf: [0; 192],
-        len: 0,
-    };
+    let mut state = State::empty();
     // At most 7 * 21 bytes: always fits. Formatted as the key's state is, without the first
     // field's separator.
     state.number(member.fence);

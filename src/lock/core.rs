@@ -107,24 +107,23 @@ fn text_of(token: &[u8], who: &[&[u8]]) -> Box<[u8]> {
 impl Grant {
     /// The grant of `token`, with `who` as its `addr name label` (empty: unknown).
     pub fn new(token: &[u8], delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
-        Grant {
-            delay,
-            since,
-            client,
-            text: text_of(token, &[who]),
-            token_len: u32::try_from(token.len()).unwrap_or(u32::MAX),
-        }
+        Grant::of_pieces(token, delay, since, client, &[who])
     }
 
     /// The grant `request` gets now (its token, connection and label), with lock-delay `delay`.
     fn granted(request: &Request, delay: u64, now: u64) -> Grant {
         let who = who_pieces(request.connection, request.label);
+        Grant::of_pieces(request.token, delay, now, request.client, &who)
+    }
+
+    /// The grant of `token` whose `addr name label` is the pieces of `who` put together.
+    fn of_pieces(token: &[u8], delay: u64, since: u64, client: u64, who: &[&[u8]]) -> Grant {
         Grant {
             delay,
-            since: now,
-            client: request.client,
-            text: text_of(request.token, &who),
-            token_len: u32::try_from(request.token.len()).unwrap_or(u32::MAX),
+            since,
+            client,
+            text: text_of(token, who),
+            token_len: u32::try_from(token.len()).unwrap_or(u32::MAX),
         }
     }
 

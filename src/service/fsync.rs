@@ -22,7 +22,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
 
 use redis_module::Context;
 
@@ -39,17 +38,10 @@ static WANTED: AtomicU64 = AtomicU64::new(0);
 static FSYNCED: AtomicU64 = AtomicU64::new(0);
 /// The worker is fsyncing.
 static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
-/// After a failed fsync, none is tried before this time (monotonic ms since the first use).
+/// After a failed fsync, none is tried before this time (`metrics::monotonic_us`).
 static RETRY_AT: AtomicU64 = AtomicU64::new(0);
-/// How long a failed fsync waits before the next try.
-const RETRY_MS: u64 = 10;
-
-/// Monotonic milliseconds since the first call.
-fn clock_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+/// How long a failed fsync waits before the next try, in µs.
+const RETRY_US: u64 = 10_000;
 
 /// Where the AOF is: its directory (relative to the server's working directory, its `dir`) and
 /// its file name's stem, both fixed for the life of the server.
@@ -94,7 +86,7 @@ pub fn after_sleep(ctx: &Context) {
     WAKE_ASKED.store(false, Ordering::Relaxed);
     if WANTED.load(Ordering::Relaxed) <= fsynced_through()
         || IN_FLIGHT.load(Ordering::Acquire)
-        || clock_ms() < RETRY_AT.load(Ordering::Relaxed)
+        || metrics::monotonic_us() < RETRY_AT.load(Ordering::Relaxed)
     {
         return;
     }
@@ -153,7 +145,7 @@ fn worker() -> Option<&'static Mutex<Sender<Job>>> {
                 } else {
                     // Tried again later (the timeouts decide meanwhile), not in a busy loop.
                     metrics::FSYNC_ERRORS.incr();
-                    RETRY_AT.store(clock_ms() + RETRY_MS, Ordering::Relaxed);
+                    RETRY_AT.store(metrics::monotonic_us() + RETRY_US, Ordering::Relaxed);
                 }
                 IN_FLIGHT.store(false, Ordering::Release);
                 if done {

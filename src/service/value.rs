@@ -115,19 +115,15 @@ impl IndexMark {
     }
 
     fn with_wake(self, wake: bool) -> Self {
-        IndexMark(if wake {
-            self.0 | Self::WAKE
-        } else {
-            self.0 & !Self::WAKE
-        })
+        self.with_flag(Self::WAKE, wake)
     }
 
     fn with_queued(self, queued: bool) -> Self {
-        IndexMark(if queued {
-            self.0 | Self::QUEUED
-        } else {
-            self.0 & !Self::QUEUED
-        })
+        self.with_flag(Self::QUEUED, queued)
+    }
+
+    fn with_flag(self, flag: u64, on: bool) -> Self {
+        IndexMark(if on { self.0 | flag } else { self.0 & !flag })
     }
 }
 
