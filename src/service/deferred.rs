@@ -24,7 +24,7 @@ pub enum Job {
     SessionLost(u64),
     /// The server's configuration changed: look for settings that endanger locks.
     CheckConfig,
-    /// A child was forked while nothing could be replicated: record the fence floor now.
+    /// A child was forked: record the fence floor, outside the command that forked.
     RecordFloor,
 }
 

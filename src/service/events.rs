@@ -4,11 +4,11 @@
 use redis_module::{Context, RedisString};
 
 use crate::host::events::{Listener, ServerEvent};
-use crate::host::server::{avoid_replica_traffic, forget_client, selected_db};
+use crate::host::server::{forget_client, selected_db};
 use crate::lock::sessions;
 use crate::metrics;
 use crate::service::deferred::{self, Job};
-use crate::service::{effects, expiry, leases, waiters};
+use crate::service::{expiry, leases, waiters};
 
 /// The module's listener.
 pub struct Events;
@@ -43,11 +43,11 @@ impl Listener for Events {
             }
             // A child was just forked; when it rewrites the AOF, the parent's writes from now on
             // go to the new incremental file, which will sit beside the rewritten base: record
-            // the fence floor there (a base without RDB preamble has nowhere to keep it).
-            ServerEvent::ForkChildBorn if avoid_replica_traffic() => {
-                deferred::defer(ctx, Job::RecordFloor)
-            }
-            ServerEvent::ForkChildBorn => effects::record_floor(ctx),
+            // the fence floor there (a base without RDB preamble has nowhere to keep it). Never
+            // from here: the event fires inside the command that forked (PSYNC, BGSAVE,
+            // BGREWRITEAOF), and a write replicated from it would propagate that command too,
+            // into the AOF and to every replica. A timer replicates the floor alone.
+            ServerEvent::ForkChildBorn => deferred::defer(ctx, Job::RecordFloor),
             ServerEvent::ConfigChanged => deferred::defer(ctx, Job::CheckConfig),
             ServerEvent::ClientDisconnected(client) => {
                 forget_client(client);
