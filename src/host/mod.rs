@@ -4,6 +4,7 @@
 //! inside [`guarded`], so a panic never crosses into Redis (it would abort the server and drop
 //! every client).
 //!
+//! - [`aof`]: the server's AOF files: its manifest, and the file it appends to now;
 //! - [`api`]: which parts of the module API this server has (required and optional);
 //! - [`command`]: command registration (flags, key specs, docs, ACL) and the command entry point;
 //! - [`call`]: running another command from a command (RM_Call), and key position requests;
@@ -14,6 +15,7 @@
 //! - [`server`]: time, databases, clients, context flags;
 //! - [`config`], [`info`]: `CONFIG` and `INFO` registration.
 
+pub mod aof;
 pub mod api;
 pub mod audit;
 pub mod blocking;

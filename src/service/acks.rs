@@ -34,7 +34,7 @@ use crate::lock::locked;
 use crate::lock::queues::{Ending, SyncRequest};
 use crate::lock::KeyRef;
 use crate::metrics;
-use crate::service::audit;
+use crate::service::audit::{self, TakenBack};
 use crate::service::change::{change, reclaim_if_due};
 use crate::service::fsync;
 use crate::service::value::{in_key, in_key_mut};
@@ -285,15 +285,18 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
         }
         Outcome::TimedOut { .. } | Outcome::Abandoned => {
             metrics::SYNC_FAILED.incr();
+            let (replicas, why) = match outcome {
+                Outcome::TimedOut { replicas: true } => (true, TakenBack::Replicas),
+                Outcome::TimedOut { replicas: false } => (false, TakenBack::NotFsynced),
+                _ => (p.sync.replicas > 0, TakenBack::ClientGone),
+            };
             let undone = match &p.confirms {
                 // Undone unless its token made it firm: taken back now, or already ended
                 // (released, expired, forced).
-                Confirms::Grant { token, fence } => !take_back(ctx, &p.key, token, *fence, now),
+                Confirms::Grant { token, fence } => {
+                    !take_back(ctx, &p.key, token, *fence, now, why)
+                }
                 Confirms::Change => false,
-            };
-            let replicas = match outcome {
-                Outcome::TimedOut { replicas } => replicas,
-                _ => p.sync.replicas > 0,
             };
             Err(failure(&p.sync, replicas, undone))
         }
@@ -306,7 +309,14 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
 
 /// Takes back an unacknowledged grant, as a release by its holder (announced, replicated), when
 /// it is still provisional. True when the grant stands afterwards (its token made it firm).
-fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u64) -> bool {
+fn take_back(
+    ctx: &Context,
+    (db, key): &KeyRef,
+    token: &[u8],
+    fence: u64,
+    now: u64,
+    why: TakenBack,
+) -> bool {
     let original = selected_db(ctx);
     let mut stands = false;
     if select_db(ctx, *db) {
@@ -323,7 +333,7 @@ fn take_back(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64, now: u
             });
             if revoked.is_some() {
                 if let Some(grant) = &grant {
-                    audit::taken_back(key, fence, grant, now);
+                    audit::taken_back(key, fence, grant, now, why);
                 }
                 metrics::RELEASED.incr();
                 reclaim_if_due(ctx, &handle, &name, now);

@@ -82,11 +82,35 @@ pub fn force_released(
     ));
 }
 
-/// A SYNC grant of `key` was taken back: its replicas did not acknowledge it in time.
-pub fn taken_back(key: &[u8], fence: u64, grant: &Grant, now: u64) {
+/// Why a SYNC or FSYNC grant was taken back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakenBack {
+    /// Too few replicas acknowledged it in time.
+    Replicas,
+    /// It was not fsynced to the AOF in time.
+    NotFsynced,
+    /// Its client left (or its wait was cut short) before it was confirmed.
+    ClientGone,
+}
+
+/// A SYNC or FSYNC grant of `key` was taken back, and why: the operator is sent to the replicas
+/// only when they are the reason, to the disk when the fsync is.
+pub fn taken_back(key: &[u8], fence: u64, grant: &Grant, now: u64, why: TakenBack) {
+    let reason = match why {
+        TakenBack::Replicas => {
+            "SYNC grant of {key} taken back, its replicas did not acknowledge it in time"
+        }
+        TakenBack::NotFsynced => {
+            "FSYNC grant of {key} taken back, it was not fsynced to this server's AOF in time \
+             (see lock_fsync_errors and the lock FSYNC lines of this log)"
+        }
+        TakenBack::ClientGone => {
+            "SYNC/FSYNC grant of {key} taken back, its client left before it was confirmed"
+        }
+    };
     log_notice(&format!(
-        "lock audit: SYNC grant of {} taken back, its replicas did not acknowledge it in time: {}",
-        quoted(key),
+        "lock audit: {}: {}",
+        reason.replace("{key}", &quoted(key)),
         holder(fence, grant, now)
     ));
 }

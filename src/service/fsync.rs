@@ -2,30 +2,50 @@
 //!
 //! No server tells a module how far its AOF is fsynced (no INFO field, API or event; WAITAOF
 //! through `RM_Call` measures the call's own fake client, which never wrote), so the module
-//! fsyncs the AOF files itself, for many waiting replies at once (a group commit):
+//! fsyncs the AOF files itself, for many waiting replies at once (a group commit), and confirms
+//! a turn only on positive evidence:
 //! - every change waiting for it is tagged with the event-loop turn that made it; its effect is
 //!   in the AOF buffer that Redis writes at the end of that turn (after the module's
 //!   before-sleep hook);
 //! - right after the next sleep, before any command of the new turn runs, an empty AOF buffer
 //!   with no write error means that write happened (with `appendfsync everysec` Redis may put a
-//!   write off for up to 2 s while its own fsync runs); then a worker thread fdatasyncs every
-//!   incremental file the AOF manifest lists (an AOF rewrite may have begun a new one), and
-//!   publishes the turn it covers;
-//! - the waiting replies up to that turn are answered in the next before-sleep hook (`acks`),
-//!   with the same take-back rule as SYNC when the timeout passes first.
+//!   write off for up to 2 s while its own fsync runs); then a worker thread reads the AOF
+//!   manifest with the server's own rules (`host::aof`), checks that the file the server is
+//!   appending to *is* the last incremental file the manifest names (it is not while the AOF is
+//!   being switched on: the server then writes nowhere, or to a temporary file it names only
+//!   when the first rewrite ends), and fdatasyncs every incremental file the manifest names (a
+//!   rewrite that began after the write moved appending to a new one). Only when all of that
+//!   succeeded does it hand over the turn it covers;
+//! - back on the main thread, the turn is confirmed if the server still reports its own AOF
+//!   writes and fsyncs as ok (`aof_last_write_status`), and the waiting replies up to it are
+//!   answered in the next before-sleep hook (`acks`), with the take-back rule of SYNC when the
+//!   timeout passes first.
 //!
-//! While the AOF is being switched on at runtime (Redis writes to a temporary file that is not
-//! in the manifest until its first rewrite ends), or when a write or fsync fails, nothing is
-//! confirmed: the timeouts decide.
+//! Anything else (no manifest, one the server would not load, no incremental file, the server
+//! appending elsewhere, a file missing, a failed fsync) confirms nothing: the timeouts decide,
+//! `lock_fsync_errors` counts the tries and the log says why. A stray temporary file left by a
+//! crash is named by no manifest and plays no part.
+//!
+//! Writeback errors: the kernel reports a failed writeback once to each open file description
+//! that was open when it happened, and to a description opened later only while nobody has seen
+//! it yet. The worker opens the files afresh each time, so an error the server's own fsync saw
+//! first would be missed by it; the server then reports `aof_last_write_status:err` until its
+//! next successful fsync (about a second later with `everysec`; `always` stops the server), which
+//! is why that status is read both before the worker starts and after it finished. An error the
+//! worker sees itself marks the file: the data in it may be lost in the middle, so nothing is
+//! confirmed again until a rewrite has replaced that file (its data then lives in the new base).
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Mutex, OnceLock};
 
 use redis_module::Context;
 
 use crate::host;
+use crate::host::aof::{self, FileId, FileKind};
 use crate::host::server::{aof_written, config_text};
 use crate::lock::locked;
 use crate::metrics;
@@ -36,12 +56,16 @@ static TURN: AtomicU64 = AtomicU64::new(1);
 static WANTED: AtomicU64 = AtomicU64::new(0);
 /// Every change made up to this turn is fsynced.
 static FSYNCED: AtomicU64 = AtomicU64::new(0);
+/// The turn the worker's last fsync covers, not yet confirmed by the main thread (0: none).
+static WORKER_FSYNCED: AtomicU64 = AtomicU64::new(0);
 /// The worker is fsyncing.
 static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
-/// After a failed fsync, none is tried before this time (`metrics::monotonic_us`).
+/// After a failed try, none is made before this time (`metrics::monotonic_us`).
 static RETRY_AT: AtomicU64 = AtomicU64::new(0);
-/// How long a failed fsync waits before the next try, in µs.
+/// How long a failed try waits before the next, in µs.
 const RETRY_US: u64 = 10_000;
+/// Why the last try confirmed nothing ([`NotDurable`] as a number; 0: it confirmed).
+static REFUSAL: AtomicU8 = AtomicU8::new(0);
 
 /// Where the AOF is: its directory (relative to the server's working directory, its `dir`) and
 /// its file name's stem, both fixed for the life of the server.
@@ -79,37 +103,40 @@ pub fn fsynced_through() -> u64 {
     FSYNCED.load(Ordering::Acquire)
 }
 
-/// Just after each event-loop sleep: the previous turn's AOF write has happened (or been put
-/// off); when a waiting reply needs it, and the AOF buffer is empty, the worker fsyncs.
+/// Just after each event-loop sleep: confirms what the worker fsynced if the server's own AOF
+/// writes are still fine; then, when a waiting reply needs the previous turn's write and the
+/// AOF buffer is empty, hands the worker the next fsync.
 pub fn after_sleep(ctx: &Context) {
     let written = TURN.fetch_add(1, Ordering::Relaxed);
     WAKE_ASKED.store(false, Ordering::Relaxed);
-    if WANTED.load(Ordering::Relaxed) <= fsynced_through()
-        || IN_FLIGHT.load(Ordering::Acquire)
-        || metrics::monotonic_us() < RETRY_AT.load(Ordering::Relaxed)
-    {
-        return;
+    let worker_done = WORKER_FSYNCED.swap(0, Ordering::AcqRel);
+    let start = WANTED.load(Ordering::Relaxed) > fsynced_through()
+        && !IN_FLIGHT.load(Ordering::Acquire)
+        && metrics::monotonic_us() >= RETRY_AT.load(Ordering::Relaxed);
+    if worker_done > fsynced_through() || start {
+        let state = aof_written(ctx);
+        let server_ok = state.is_some_and(|s| s.enabled && s.write_ok);
+        if worker_done > fsynced_through() {
+            if server_ok {
+                FSYNCED.fetch_max(worker_done, Ordering::AcqRel);
+            } else {
+                refused(NotDurable::ServerWriteError);
+            }
+        }
+        if start && server_ok && state.is_some_and(|s| s.buffer_empty) {
+            send(ctx, written);
+        }
     }
-    let Some(state) = aof_written(ctx) else {
-        return;
-    };
-    if !state.enabled || !state.buffer_empty || !state.write_ok {
-        return;
-    }
-    let Some(files) = aof_files(ctx) else {
-        return;
-    };
-    let Some(worker) = worker() else {
+    log_refusal();
+}
+
+/// Hands the worker the fsync that covers turn `through`.
+fn send(ctx: &Context, through: u64) {
+    let (Some(files), Some(worker)) = (aof_files(ctx), worker()) else {
         return;
     };
     IN_FLIGHT.store(true, Ordering::Release);
-    if locked(worker)
-        .send(Job {
-            through: written,
-            files,
-        })
-        .is_err()
-    {
+    if locked(worker).send(Job { through, files }).is_err() {
         IN_FLIGHT.store(false, Ordering::Release);
     }
 }
@@ -127,6 +154,15 @@ fn aof_files(ctx: &Context) -> Option<AofFiles> {
     Some(FILES.get_or_init(|| files).clone())
 }
 
+/// What the worker keeps from one fsync to the next.
+#[derive(Default)]
+struct WorkerState {
+    /// The server's descriptor for the file it appends to, as found last time.
+    writer: Option<i32>,
+    /// Files an fsync of the worker failed on, while the manifest still names them.
+    failed: Vec<(FileId, Vec<u8>)>,
+}
+
 /// The worker thread's queue, started at the first use.
 fn worker() -> Option<&'static Mutex<Sender<Job>>> {
     if let Some(worker) = WORKER.get() {
@@ -136,19 +172,21 @@ fn worker() -> Option<&'static Mutex<Sender<Job>>> {
     std::thread::Builder::new()
         .name("lock-fsync".into())
         .spawn(move || {
+            let mut state = WorkerState::default();
             for job in receive {
-                let result = std::panic::catch_unwind(|| fsync_files(&job.files));
-                let done = matches!(result, Ok(Ok(())));
-                if done {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    fsync_files(&job.files, &mut state)
+                }));
+                let outcome = result.unwrap_or(Err(NotDurable::Io));
+                if outcome.is_ok() {
                     metrics::FSYNCS.incr();
-                    FSYNCED.fetch_max(job.through, Ordering::AcqRel);
-                } else {
-                    // Tried again later (the timeouts decide meanwhile), not in a busy loop.
-                    metrics::FSYNC_ERRORS.incr();
-                    RETRY_AT.store(metrics::monotonic_us() + RETRY_US, Ordering::Relaxed);
+                    WORKER_FSYNCED.fetch_max(job.through, Ordering::AcqRel);
+                    REFUSAL.store(0, Ordering::Relaxed);
+                } else if let Err(why) = outcome {
+                    refused(why);
                 }
                 IN_FLIGHT.store(false, Ordering::Release);
-                if done {
+                if outcome.is_ok() {
                     host::events::wake_event_loop();
                 }
             }
@@ -157,98 +195,247 @@ fn worker() -> Option<&'static Mutex<Sender<Job>>> {
     Some(WORKER.get_or_init(|| Mutex::new(send)))
 }
 
-/// Why the files could not be confirmed fsynced.
-#[derive(Debug)]
+/// Why a turn could not be confirmed fsynced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum NotDurable {
-    /// The AOF is being switched on: its writes go to a file outside the manifest.
-    Switching,
+    NoManifest = 1,
+    BadManifest,
+    NoIncrementalFile,
+    /// The server does not append to the manifest's last incremental file.
+    NotAppending,
+    FileMissing,
     Io,
+    /// An earlier fsync of a file still in the manifest failed.
+    FailedBefore,
+    /// The server reports a failed AOF write or fsync of its own.
+    ServerWriteError,
 }
 
-/// fdatasyncs every incremental file the manifest lists. A file gone meanwhile was folded into
-/// a new base by a rewrite (which fsynced it): the manifest is read again.
-fn fsync_files(files: &AofFiles) -> Result<(), NotDurable> {
-    let temporary = files.dir.join(format!("temp-{}.incr", files.name));
-    if temporary.exists() {
-        return Err(NotDurable::Switching);
+impl NotDurable {
+    const ALL: [NotDurable; 8] = [
+        NotDurable::NoManifest,
+        NotDurable::BadManifest,
+        NotDurable::NoIncrementalFile,
+        NotDurable::NotAppending,
+        NotDurable::FileMissing,
+        NotDurable::Io,
+        NotDurable::FailedBefore,
+        NotDurable::ServerWriteError,
+    ];
+
+    fn describe(self) -> &'static str {
+        match self {
+            NotDurable::NoManifest => "the AOF manifest cannot be read",
+            NotDurable::BadManifest => "the AOF manifest is not in the server's format",
+            NotDurable::NoIncrementalFile => "the AOF manifest names no incremental file",
+            NotDurable::NotAppending => {
+                "the server is not appending to the incremental file its AOF manifest names \
+                 last (the AOF is being switched on until its first rewrite ends, or the \
+                 server's dir changed and no rewrite has run since)"
+            }
+            NotDurable::FileMissing => "an AOF file the manifest names is missing",
+            NotDurable::Io => "an AOF file could not be opened or fsynced",
+            NotDurable::FailedBefore => {
+                "an fsync of an AOF file the manifest still names failed: nothing written to \
+                 it is confirmed until an AOF rewrite (BGREWRITEAOF) replaces it"
+            }
+            NotDurable::ServerWriteError => {
+                "the server reports a failed AOF write or fsync (aof_last_write_status:err)"
+            }
+        }
     }
+}
+
+/// A try that confirmed nothing: counted, noted for the log, and not repeated for a while.
+fn refused(why: NotDurable) {
+    metrics::FSYNC_ERRORS.incr();
+    REFUSAL.store(why as u8, Ordering::Relaxed);
+    RETRY_AT.store(metrics::monotonic_us() + RETRY_US, Ordering::Relaxed);
+}
+
+/// On the main thread: a line in the server log when the reason FSYNC confirms nothing
+/// changes, and when it confirms again (at most one line a second).
+fn log_refusal() {
+    static LOGGED: AtomicU8 = AtomicU8::new(0);
+    static LOGGED_AT: AtomicU64 = AtomicU64::new(0);
+    let now = REFUSAL.load(Ordering::Relaxed);
+    let before = LOGGED.load(Ordering::Relaxed);
+    let at = metrics::monotonic_us();
+    if now == before || at < LOGGED_AT.load(Ordering::Relaxed) + 1_000_000 {
+        return;
+    }
+    LOGGED.store(now, Ordering::Relaxed);
+    LOGGED_AT.store(at, Ordering::Relaxed);
+    match NotDurable::ALL.iter().find(|why| **why as u8 == now) {
+        Some(why) => host::log_warning(&format!(
+            "lock FSYNC: confirms nothing for now: {}; FSYNC replies wait for their timeout",
+            why.describe()
+        )),
+        None => host::log_notice("lock FSYNC: the AOF is fsynced again; FSYNC confirms"),
+    }
+}
+
+/// fdatasyncs every incremental file the manifest names, once the server is seen appending to
+/// the last of them. A file gone meanwhile was folded into a new base by a rewrite (which
+/// fsynced it): the manifest is read again.
+fn fsync_files(files: &AofFiles, state: &mut WorkerState) -> Result<(), NotDurable> {
     let manifest = files.dir.join(format!("{}.manifest", files.name));
     for _ in 0..3 {
-        let text = std::fs::read_to_string(&manifest).map_err(|_| NotDurable::Io)?;
+        let text = std::fs::read(&manifest).map_err(|_| NotDurable::NoManifest)?;
+        let listed = aof::parse_manifest(&text).map_err(|_| NotDurable::BadManifest)?;
+        let incremental: Vec<&[u8]> = listed
+            .iter()
+            .filter(|f| f.kind == FileKind::Incremental)
+            .map(|f| f.name.as_slice())
+            .collect();
+        state
+            .failed
+            .retain(|(_, name)| incremental.contains(&name.as_slice()));
+        let last = incremental.last().ok_or(NotDurable::NoIncrementalFile)?;
+        let path = |name: &[u8]| files.dir.join(OsStr::from_bytes(name));
+        let last_id = match aof::file_id(&path(last)) {
+            Ok(id) => id,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return Err(NotDurable::Io),
+        };
+        match aof::writer_of(last_id, state.writer) {
+            Ok(Some(fd)) => state.writer = Some(fd),
+            Ok(None) => return Err(NotDurable::NotAppending),
+            Err(_) => return Err(NotDurable::Io),
+        }
         let mut all = true;
-        for name in incremental_files(&text) {
-            match std::fs::File::open(files.dir.join(name)) {
-                Ok(file) => file.sync_data().map_err(|_| NotDurable::Io)?,
+        for name in &incremental {
+            let file = match std::fs::File::open(path(name)) {
+                Ok(file) => file,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     all = false;
                     break;
                 }
                 Err(_) => return Err(NotDurable::Io),
+            };
+            let id = {
+                use std::os::unix::fs::MetadataExt;
+                let meta = file.metadata().map_err(|_| NotDurable::Io)?;
+                (meta.dev(), meta.ino())
+            };
+            if state.failed.iter().any(|(f, n)| *f == id && n == name) {
+                return Err(NotDurable::FailedBefore);
+            }
+            if file.sync_data().is_err() {
+                state.failed.push((id, name.to_vec()));
+                return Err(NotDurable::Io);
             }
         }
         if all {
             return Ok(());
         }
     }
-    Err(NotDurable::Io)
-}
-
-/// The names of the incremental files (`type i`) in an AOF manifest: one file per line, as
-/// `file <name> seq <n> type <b|h|i>` (the name may be quoted when it has spaces; the server's
-/// own names have none, and a quoted one is skipped, never guessed at).
-fn incremental_files(manifest: &str) -> impl Iterator<Item = &str> {
-    manifest.lines().filter_map(|line| {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let mut name = None;
-        let mut kind = None;
-        for pair in words.chunks(2) {
-            match pair {
-                ["file", value] => name = Some(*value),
-                ["type", value] => kind = Some(*value),
-                _ => {}
-            }
-        }
-        name.filter(|n| !n.starts_with('"') && kind == Some("i"))
-    })
+    Err(NotDurable::FileMissing)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_manifest_names_its_incremental_files() {
-        let manifest = "file appendonly.aof.3.base.rdb seq 3 type b\n\
-                        file appendonly.aof.4.incr.aof seq 4 type h\n\
-                        file appendonly.aof.5.incr.aof seq 5 type i\n\
-                        file appendonly.aof.6.incr.aof seq 6 type i\n\
-                        file \"with space.incr\" seq 7 type i\n";
-        let names: Vec<&str> = incremental_files(manifest).collect();
-        assert_eq!(
-            names,
-            ["appendonly.aof.5.incr.aof", "appendonly.aof.6.incr.aof"]
-        );
-        assert_eq!(incremental_files("").count(), 0);
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("lock-fsync-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn files(dir: &std::path::Path) -> AofFiles {
+        AofFiles {
+            dir: dir.to_path_buf(),
+            name: "my aof".into(),
+        }
     }
 
     #[test]
-    fn a_missing_manifest_or_a_switch_in_progress_confirms_nothing() {
-        let dir = std::env::temp_dir().join(format!("lock-fsync-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let files = AofFiles {
-            dir: dir.clone(),
-            name: "appendonly.aof".into(),
-        };
-        assert!(matches!(fsync_files(&files), Err(NotDurable::Io)));
+    fn nothing_is_confirmed_without_a_manifest_that_names_the_file_being_appended_to() {
+        let dir = scratch("confirm");
+        let mut state = WorkerState::default();
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::NoManifest)
+        );
+        let manifest = dir.join("my aof.manifest");
+        std::fs::write(&manifest, "file \"my aof.1.base.rdb\" seq 1 type b\n").unwrap();
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::NoIncrementalFile)
+        );
+        std::fs::write(&manifest, "file my aof.1.incr.aof seq 1 type i\n").unwrap();
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::BadManifest)
+        );
+        std::fs::write(&manifest, "file \"my aof.1.incr.aof\" seq 1 type i\n").unwrap();
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::FileMissing)
+        );
+        let incr = dir.join("my aof.1.incr.aof");
+        std::fs::write(&incr, "*1\r\n").unwrap();
+        // The file exists, but nobody is appending to it: the AOF is being switched on.
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::NotAppending)
+        );
+        let writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&incr)
+            .unwrap();
+        // A stray temporary file named by no manifest changes nothing.
+        std::fs::write(dir.join("temp-my aof.incr"), "").unwrap();
+        assert_eq!(fsync_files(&files(&dir), &mut state), Ok(()));
+        drop(writer);
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::NotAppending)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_an_fsync_failed_on_confirms_nothing_until_the_manifest_drops_it() {
+        let dir = scratch("failed");
+        let mut state = WorkerState::default();
+        let incr = dir.join("my aof.2.incr.aof");
+        std::fs::write(&incr, "").unwrap();
         std::fs::write(
-            dir.join("appendonly.aof.manifest"),
-            "file appendonly.aof.1.incr.aof seq 1 type i\n",
+            dir.join("my aof.manifest"),
+            "file \"my aof.2.incr.aof\" seq 2 type i\n",
         )
         .unwrap();
-        std::fs::write(dir.join("appendonly.aof.1.incr.aof"), "*1\r\n").unwrap();
-        assert!(fsync_files(&files).is_ok());
-        std::fs::write(dir.join("temp-appendonly.aof.incr"), "").unwrap();
-        assert!(matches!(fsync_files(&files), Err(NotDurable::Switching)));
+        let _writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&incr)
+            .unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&incr).unwrap();
+        state
+            .failed
+            .push(((meta.dev(), meta.ino()), b"my aof.2.incr.aof".to_vec()));
+        assert_eq!(
+            fsync_files(&files(&dir), &mut state),
+            Err(NotDurable::FailedBefore)
+        );
+        // A rewrite made it history and began a new incremental file.
+        let next = dir.join("my aof.3.incr.aof");
+        std::fs::write(&next, "").unwrap();
+        let _next_writer = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&next)
+            .unwrap();
+        std::fs::write(
+            dir.join("my aof.manifest"),
+            "file \"my aof.2.incr.aof\" seq 2 type h\nfile \"my aof.3.incr.aof\" seq 3 type i\n",
+        )
+        .unwrap();
+        assert_eq!(fsync_files(&files(&dir), &mut state), Ok(()));
+        assert!(state.failed.is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
