@@ -668,7 +668,17 @@ fn restore_of_corrupted_or_truncated_lock_payloads_is_an_error() {
     ));
     cases.push((
         "empty token".into(),
-        with(held_fields(fence, b"", deadline, 1, 0)),
+        with(held_fields_of_token(fence, b"", deadline, 1, 0)),
+        bad_format.clone(),
+    ));
+    cases.push((
+        "a digest of 15 bytes".into(),
+        with(held_fields_raw(fence, &[7; 15], deadline, 1, DIGEST_FLAG)),
+        bad_format.clone(),
+    ));
+    cases.push((
+        "a digest of 17 bytes".into(),
+        with(held_fields_raw(fence, &[7; 17], deadline, 1, DIGEST_FLAG)),
         bad_format.clone(),
     ));
     cases.push((

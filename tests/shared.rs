@@ -464,7 +464,8 @@ fn a_version_2_lock_still_loads() {
     let mut c = server.conn();
     let format = LockDumpFormat::learn(&mut c);
     let deadline = now_ms() + 600_000;
-    let payload = format.payload_of_version(2, &held_fields(1 << 40, b"old", deadline, 1, 0));
+    let payload =
+        format.payload_of_version(2, &held_fields_of_token(1 << 40, b"old", deadline, 1, 0));
     assert_eq!(restore(&mut c, "old", &payload), Reply::status("OK"));
     assert_eq!(
         lock_field(&mut c, "old", "mode"),
@@ -593,8 +594,8 @@ fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
         .filter(|c| c[0] == "LOCK.APPLY")
         .collect();
     assert_eq!(effects.len(), 3, "{effects:?}");
-    // State, then the member's state, token and who holds it (`addr name label`), or (gone)
-    // its token alone.
+    // State, then the member's state, token digest and who holds it (`addr name label`), or
+    // (gone) its token digest alone.
     assert_eq!(effects[0].len(), 6, "{:?}", effects[0]);
     assert!(
         effects[0][2].starts_with(&format!("acquire:{new}:")),
@@ -606,7 +607,7 @@ fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
         "{:?}",
         effects[0]
     );
-    assert_eq!(effects[0][4], "late");
+    assert_eq!(effects[0][4], token_digest_text("late"));
     let (addr, _) = p
         .call(&["CLIENT", "INFO"])
         .text()
@@ -616,10 +617,10 @@ fn a_holders_change_replicates_alone_however_many_hold_beside_it() {
         .unwrap();
     assert_eq!(effects[0][5], format!("{addr}  "));
     assert_eq!(effects[1].len(), 6);
-    assert_eq!(effects[1][4], "r7");
+    assert_eq!(effects[1][4], token_digest_text("r7"));
     assert_eq!(effects[1][5], format!("{addr}  "));
     assert_eq!(effects[2].len(), 4);
-    assert_eq!(effects[2][3], "r9");
+    assert_eq!(effects[2][3], token_digest_text("r9"));
     // A replica that follows these changes holds the same locks.
     let replica = Server::start();
     replica.replicate_from(&primary);

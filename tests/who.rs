@@ -387,7 +387,7 @@ fn who_holds_survives_debug_reload_restart_and_restore_and_an_older_encoding_loa
     let deadline = now_ms() + 60_000;
     let old = format.payload_of_version(
         3,
-        &held_fields(fence as u64 + 5, b"old-token", deadline, 1, 0),
+        &held_fields_of_token(fence as u64 + 5, b"old-token", deadline, 1, 0),
     );
     assert_eq!(restore(&mut c, "old", &old), Reply::status("OK"));
     let h = entries(&who(&mut c, &["old"]), "holders").remove(0);

@@ -400,9 +400,13 @@ fn first_key_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
     }
 }
 
-/// The key spec of `numkeys key [key ...]` starting at the first argument.
+/// The key spec of `numkeys key [key ...]` starting at the first argument. Marked as having
+/// variable flags, so that the server asks the command's `getkeys-api` where its keys are
+/// (cluster routing, ACL key checks) instead of reading them off numkeys: the command checks
+/// the call's shape first, and a miscounted numkeys declares no key rather than the token.
 fn counted_keys_spec(access: KeyAccess) -> raw::RedisModuleCommandKeySpec {
     let mut spec = first_key_spec(access);
+    spec.flags |= u64::from(raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS);
     spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
     spec.fk = raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
         keynum: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_2 {

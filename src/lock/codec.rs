@@ -1,23 +1,30 @@
 //! The one encoding of a lock, in its three forms:
 //!
-//! - **RDB** (also DUMP/RESTORE/MIGRATE): fence, holder flag, then (when held) token, deadline,
+//! - **RDB** (also DUMP/RESTORE/MIGRATE): fence, holder flag, then (when held) the token's
+//!   digest (never the token: see `lock::token`), deadline,
 //!   holds, a flags word and (flag bit 1) the grant's lock-delay; (holder flag 2) a free lock's
 //!   lock-delay end; (holder flag 3) a group: its limit, its number of members, and per member
 //!   its fence, token and the holder fields. Versioned: a newer version is refused.
 //! - **Digest** (`DEBUG DIGEST`): the same fields in the same order.
 //! - **Effect** (`LOCK.APPLY key state [token]`, to replicas and the AOF): the state
 //!   `event:fence:floor[:deadline:holds:flags[:delay]]` as one argument (a free lock in a
-//!   lock-delay: `event:fence:floor:until`), the binary-safe token as the next. A lock with a
+//!   lock-delay: `event:fence:floor:until`), the token's digest as the next. A lock with a
 //!   group: `event:fence:floor:g:limit`, then per member `fence:deadline:holds:flags` and its
-//!   token. The change of one shared or permit holder travels alone, whatever the number of
-//!   holders: `event:fence:floor:d:limit:now`, then that member's state and token (it holds so
-//!   now) or its token alone (it is gone); see `Lock::apply_member`.
+//!   token's digest. The change of one shared or permit holder travels alone, whatever the
+//!   number of holders: `event:fence:floor:e:limit:now`, then that member's state and token's
+//!   digest (it holds so now) or the digest alone (it is gone); see `Lock::apply_member`.
+//!
+//! Files and streams of older releases carry the token itself: a holder's flags word says
+//! which (`FLAG_DIGEST`), and so does the member change's marker (`d`: a token, `e`: a
+//! digest). A token read from them is replaced by its digest at once.
 //!
 //! Every form writes the holder's fields through [`holder_fields`] and reads them back through
 //! [`holder_from`], so they cannot disagree on what a valid holder is.
 
 use crate::error::LockError;
-use crate::lock::core::{Grant, Group, Holder, Lock, Member, MemberChange, MAX_FENCE, MAX_HOLDERS};
+use crate::lock::core::{
+    Grant, Group, Holder, Lock, Member, MemberChange, TokenDigest, MAX_FENCE, MAX_HOLDERS,
+};
 use crate::lock::event::Event;
 use crate::lock::floor;
 
@@ -28,8 +35,10 @@ use crate::lock::floor;
 /// version 1 values still load. Version 3 adds shared and permit holders (holder flag 3); a lock
 /// without them is written as in version 2. Version 4 adds who was granted a hold: flags bit 2,
 /// then the grant time and client id after the delay, and the `addr name label` bytes after
-/// the numbers. Part of every RDB file that holds a lock; older versions still load.
-pub const ENCODING_VERSION: i32 = 4;
+/// the numbers. Version 5 stores the token's digest instead of the token (flags bit 3): a held
+/// lock written by version 4 or older is read with its token hashed. Part of every RDB file
+/// that holds a lock; older versions still load.
+pub const ENCODING_VERSION: i32 = 5;
 /// The newest encoding version of the RDB aux field (the fence floor). Redis hands the aux field
 /// the type's encoding version: the floor is written the same way in every version.
 pub const AUX_VERSION: i32 = ENCODING_VERSION;
@@ -41,7 +50,10 @@ const FLAG_DELAY: u64 = 2;
 /// flags (and the delay), and the `addr name label` bytes follow the numbers (in an effect, the
 /// token).
 const FLAG_WHO: u64 = 4;
-const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY | FLAG_WHO;
+/// The token field holds the token's digest (version 5, and every effect of this release); an
+/// older file or primary sent the token itself, which is hashed when read.
+const FLAG_DIGEST: u64 = 8;
+const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY | FLAG_WHO | FLAG_DIGEST;
 
 /// The holder flag of a free lock in a lock-delay (its end follows).
 const FREE_DELAYED: u64 = 2;
@@ -56,7 +68,10 @@ const PREALLOCATE_MAX: u64 = 1024;
 /// flags say so, and the grant time and client id when flags say so.
 fn holder_fields(holder: &Holder) -> impl Iterator<Item = u64> {
     let grant = &*holder.grant;
-    let mut flags = if holder.session { FLAG_SESSION } else { 0 };
+    let mut flags = FLAG_DIGEST;
+    if holder.session {
+        flags |= FLAG_SESSION;
+    }
     if grant.delay > 0 {
         flags |= FLAG_DELAY;
     }
@@ -105,14 +120,25 @@ fn read_numbers<E>(mut next: impl FnMut(&'static str) -> Result<u64, E>) -> Resu
     Ok(numbers)
 }
 
-/// A holder from its token, numbers and `addr name label` bytes, or what is wrong with them.
-fn holder_from(token: &[u8], numbers: &Numbers, who: &[u8]) -> Result<Holder, &'static str> {
-    if token.is_empty() {
-        return Err("empty token");
+/// The token field of a holder: the token's digest when `flags` say so, else the token itself
+/// (an older release's), hashed here.
+fn token_field(field: &[u8], flags: u64) -> Result<TokenDigest, &'static str> {
+    if flags & FLAG_DIGEST != 0 {
+        TokenDigest::from_stored(field).ok_or("bad token digest")
+    } else if field.is_empty() {
+        Err("empty token")
+    } else {
+        Ok(TokenDigest::of(field))
     }
+}
+
+/// A holder from its token field, numbers and `addr name label` bytes, or what is wrong with
+/// them.
+fn holder_from(token: &[u8], numbers: &Numbers, who: &[u8]) -> Result<Holder, &'static str> {
     if numbers.flags & !KNOWN_FLAGS != 0 {
         return Err("unknown holder flags");
     }
+    let token = token_field(token, numbers.flags)?;
     let holds = u32::try_from(numbers.holds)
         .ok()
         .filter(|h| *h > 0)
@@ -195,9 +221,9 @@ pub fn save(lock: &Lock, out: &mut impl Sink) {
     }
 }
 
-/// Writes a holder's token, numbers and (when known) who was granted it.
+/// Writes a holder's token digest, numbers and (when known) who was granted it.
 fn save_holder(holder: &Holder, out: &mut impl Sink) {
-    out.bytes(holder.token());
+    out.bytes(holder.token().as_bytes());
     for field in holder_fields(holder) {
         out.unsigned(field);
     }
@@ -251,6 +277,7 @@ fn load_holder(version: i32, input: &mut impl Source) -> Result<Holder, DecodeEr
     let known = match version {
         1 => FLAG_SESSION,
         2 | 3 => FLAG_SESSION | FLAG_DELAY,
+        4 => FLAG_SESSION | FLAG_DELAY | FLAG_WHO,
         _ => KNOWN_FLAGS,
     };
     if numbers.flags & !known != 0 {
@@ -305,7 +332,7 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
         }
         last = member.fence;
     }
-    let mut tokens: Vec<&[u8]> = group.members().iter().map(|m| m.holder.token()).collect();
+    let mut tokens: Vec<&TokenDigest> = group.members().iter().map(|m| m.holder.token()).collect();
     tokens.sort_unstable();
     if tokens.windows(2).any(|pair| pair[0] == pair[1]) {
         return Err("one token holds twice");
@@ -422,9 +449,9 @@ pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
     args
 }
 
-/// Appends a holder's token and, when known, who was granted it.
+/// Appends a holder's token digest and, when known, who was granted it.
 fn push_holder(args: &mut Vec<Vec<u8>>, holder: &Holder) {
-    args.push(holder.token().to_vec());
+    args.push(holder.token().as_bytes().to_vec());
     if let Some(who) = holder_who(holder) {
         args.push(who.to_vec());
     }
@@ -432,7 +459,12 @@ fn push_holder(args: &mut Vec<Vec<u8>>, holder: &Holder) {
 
 /// The arguments of `LOCK.APPLY` after the key for the change of `token`'s shared or permit
 /// hold, made at `now`, that left `lock` as it is.
-pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> Vec<Vec<u8>> {
+pub fn member_effect_args(
+    event: Event,
+    lock: &Lock,
+    token: &TokenDigest,
+    now: u64,
+) -> Vec<Vec<u8>> {
     let mut state = State::of(
         event,
         &Lock {
@@ -440,7 +472,7 @@ pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> 
             ..Lock::default()
         },
     );
-    state.push(b":d");
+    state.push(MEMBER_CHANGE);
     state.number(u64::from(lock.limit()));
     state.number(now);
     let mut args = vec![state.as_bytes().to_vec()];
@@ -451,10 +483,14 @@ pub fn member_effect_args(event: Event, lock: &Lock, token: &[u8], now: u64) -> 
             args.push(member_state(member));
             push_holder(&mut args, &member.holder);
         }
-        None => args.push(token.to_vec()),
+        None => args.push(token.as_bytes().to_vec()),
     }
     args
 }
+
+/// The marker of one member's change in an effect's state: its removal carries the token's
+/// digest. (An older release's `d` carries the token.)
+const MEMBER_CHANGE: &[u8] = b":e";
 
 /// A decoded `LOCK.APPLY` of one shared or permit holder's change.
 #[derive(Debug, PartialEq, Eq)]
@@ -473,13 +509,16 @@ pub fn parse_member_effect(args: &[&[u8]]) -> Option<Result<MemberEffect, LockEr
     let [state, rest @ ..] = args else {
         return None;
     };
-    if state.split(|b| *b == b':').nth(3) != Some(b"d") {
-        return None;
-    }
-    Some(member_effect(state, rest))
+    let digests = match state.split(|b| *b == b':').nth(3) {
+        Some(b"e") => true,
+        Some(b"d") => false,
+        _ => return None,
+    };
+    Some(member_effect(state, rest, digests))
 }
 
-fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError> {
+/// One member's change; `digests`: a removal names the token's digest, else the token.
+fn member_effect(state: &[u8], rest: &[&[u8]], digests: bool) -> Result<MemberEffect, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let (event, fence, floor) = effect_head(&mut fields)?;
     let limit = group_limit(&mut fields)?;
@@ -488,7 +527,10 @@ fn member_effect(state: &[u8], rest: &[&[u8]]) -> Result<MemberEffect, LockError
         return Err(LockError::BadEffect("extra fields"));
     }
     let change = match rest {
-        [token] if !token.is_empty() => MemberChange::Remove((*token).into()),
+        [token] => {
+            let flags = if digests { FLAG_DIGEST } else { 0 };
+            MemberChange::Remove(token_field(token, flags).map_err(LockError::BadEffect)?)
+        }
         [member, holder @ ..] => {
             let mut holder = holder.iter().copied();
             let member = parse_member(member, &mut holder)?;
@@ -684,7 +726,7 @@ mod tests {
                 deadline: 123,
                 holds: 2,
                 session: true,
-                grant: Box::new(Grant::of_token(b"t\0k")),
+                grant: Box::new(Grant::of_token(TokenDigest::of(b"t\0k"))),
             }),
             group: None,
             delayed_until: 0,
@@ -696,7 +738,7 @@ mod tests {
         let mut lock = held();
         if let Some(holder) = lock.holder.as_mut() {
             *holder.grant = Grant::new(
-                holder.token(),
+                *holder.token(),
                 0,
                 100,
                 7,
@@ -721,7 +763,7 @@ mod tests {
         for cut in 0..full.0.len() {
             let mut part = Fields(full.0.iter().take(cut).cloned().collect());
             assert_eq!(
-                load(4, &mut part),
+                load(ENCODING_VERSION, &mut part),
                 Err(DecodeError::ShortRead),
                 "cut at {cut}"
             );
@@ -732,13 +774,13 @@ mod tests {
             group.change_members(|members| {
                 for member in members {
                     *member.holder.grant =
-                        Grant::new(member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
+                        Grant::new(*member.holder.token(), 0, 99, member.fence, b"[::1]:6000  ");
                 }
             });
         }
         saved_and_refused_by(&grouped, 3);
         round_trip(Event::Acquire, grouped.clone());
-        let first: Box<[u8]> = grouped.members()[0].holder.token().into();
+        let first = *grouped.members()[0].holder.token();
         let args = member_effect_args(Event::Acquire, &grouped, &first, 1_764_000_000_000);
         let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         let Some(Ok(effect)) = parse_member_effect(&args) else {
@@ -769,14 +811,67 @@ mod tests {
                 delayed_until: 0,
             },
         ] {
-            // A lock without lock-delay is written as version 1 wrote it: both versions read it.
-            for version in [ENCODING_VERSION, 1] {
-                let mut fields = Fields::default();
-                save(&lock, &mut fields);
-                assert_eq!(load(version, &mut fields), Ok(lock.clone()));
-                assert!(fields.0.is_empty());
-            }
+            let mut fields = Fields::default();
+            save(&lock, &mut fields);
+            assert_eq!(load(ENCODING_VERSION, &mut fields), Ok(lock.clone()));
+            assert!(fields.0.is_empty());
         }
+        // A free lock is written as version 1 wrote it; a held one carries a token digest,
+        // which older versions refuse.
+        let mut free = Fields::default();
+        save(
+            &Lock {
+                fence: 5,
+                ..Lock::default()
+            },
+            &mut free,
+        );
+        assert_eq!(load(1, &mut free).map(|l| l.fence), Ok(5));
+        saved_and_refused_by(&held(), 4);
+    }
+
+    #[test]
+    fn a_token_stored_by_an_older_release_is_read_as_its_digest() {
+        // Version 1 to 4 stored the token itself: fence, holder flag, token, deadline, holds,
+        // flags (session).
+        for version in 1..=4 {
+            let mut fields = Fields::default();
+            fields
+                .0
+                .extend([Ok(77), Ok(1), Err(b"t\0k".to_vec()), Ok(123), Ok(2), Ok(1)]);
+            assert_eq!(load(version, &mut fields), Ok(held()), "version {version}");
+        }
+        // An empty token, or a digest of the wrong size, is refused.
+        for token in [&b""[..], &[0; 15][..]] {
+            let mut fields = Fields::default();
+            let flags = if token.is_empty() { 1 } else { 1 | FLAG_DIGEST };
+            fields.0.extend([
+                Ok(77),
+                Ok(1),
+                Err(token.to_vec()),
+                Ok(123),
+                Ok(2),
+                Ok(flags),
+            ]);
+            assert!(load(ENCODING_VERSION, &mut fields).is_err(), "{token:?}");
+        }
+        // An effect of an older primary (no digest flag) names the token: hashed when applied.
+        let old = parse_effect(&[b"acquire:77:77:123:2:1", b"t\0k"]).unwrap();
+        assert_eq!(old.lock, held());
+        let new = effect_args(Event::Acquire, &held());
+        assert_eq!(new[1], TokenDigest::of(b"t\0k").as_bytes());
+        // So does an older member change (`d`); this release's (`e`) names the digest.
+        let lock = grouped(3);
+        let gone = parse_member_effect(&[b"release:90:90:d:0:5", b"two"]);
+        assert_eq!(
+            gone.map(|r| r.map(|e| e.change)),
+            Some(Ok(MemberChange::Remove(TokenDigest::of(b"two"))))
+        );
+        let set = parse_member_effect(&[b"acquire:90:90:d:0:5", b"90:1764000000090:1:0", b"two"]);
+        assert_eq!(
+            set.map(|r| r.map(|e| e.change)),
+            Some(Ok(MemberChange::Set(lock.members()[1].clone())))
+        );
     }
 
     fn delayed() -> [Lock; 2] {
@@ -876,7 +971,7 @@ mod tests {
                 deadline: 18_446_744_073_709_551_615,
                 holds: 3,
                 session: true,
-                grant: Box::new(Grant::of_token(b"t")),
+                grant: Box::new(Grant::of_token(TokenDigest::of(b"t"))),
             }),
             group: None,
             delayed_until: 0,
@@ -884,7 +979,8 @@ mod tests {
         let state = State::of(Event::Acquire, &held);
         let text = std::str::from_utf8(state.as_bytes()).unwrap();
         let floor = floor::get().max(12);
-        assert_eq!(text, format!("acquire:12:{floor}:18446744073709551615:3:1"));
+        // flags 9: session, and the token field is its digest.
+        assert_eq!(text, format!("acquire:12:{floor}:18446744073709551615:3:9"));
         let free = State::of(
             Event::Release,
             &Lock {
@@ -921,7 +1017,7 @@ mod tests {
                     deadline: 1_764_000_000_000,
                     holds: 3,
                     session: true,
-                    grant: Box::new(Grant::of_token(b"\x00\xffbinary")),
+                    grant: Box::new(Grant::of_token(TokenDigest::of(b"\x00\xffbinary"))),
                 }),
                 group: None,
                 delayed_until: 0,
@@ -961,7 +1057,7 @@ mod tests {
                     deadline: 1_764_000_000_000 + fence,
                     holds: 1,
                     session,
-                    grant: Box::new(Grant::of_token(token)),
+                    grant: Box::new(Grant::of_token(TokenDigest::of(token))),
                 },
             )
         };
@@ -1036,29 +1132,44 @@ mod tests {
             let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             parse_member_effect(&refs).map(|r| r.map(|e| e.change))
         };
-        let set = member_effect_args(Event::Renew, &lock, b"two", 1_764_000_000_000);
+        let set = member_effect_args(
+            Event::Renew,
+            &lock,
+            &TokenDigest::of(b"two"),
+            1_764_000_000_000,
+        );
         assert_eq!(set.len(), 3);
-        // fence:deadline:holds:flags (no separator before the fence), then the token.
-        assert_eq!(set[1], b"90:1764000000090:1:0");
-        assert_eq!(set[2], b"two");
+        // fence:deadline:holds:flags (no separator before the fence; flags 8: the token field
+        // is its digest), then the token's digest.
+        assert!(set[0].ends_with(b":e:3:1764000000000"), "{:?}", set[0]);
+        assert_eq!(set[1], b"90:1764000000090:1:8");
+        assert_eq!(set[2], TokenDigest::of(b"two").as_bytes());
         assert_eq!(
             member_state(&lock.members()[0]),
-            b"80:1764000000080:1:1".to_vec()
+            b"80:1764000000080:1:9".to_vec()
         );
         assert_eq!(
             parse(&set),
             Some(Ok(MemberChange::Set(lock.members()[1].clone())))
         );
-        let gone = member_effect_args(Event::Release, &lock, b"gone", 1_764_000_000_000);
+        let gone = member_effect_args(
+            Event::Release,
+            &lock,
+            &TokenDigest::of(b"gone"),
+            1_764_000_000_000,
+        );
+        assert_eq!(gone[1], TokenDigest::of(b"gone").as_bytes());
         assert_eq!(
             parse(&gone),
-            Some(Ok(MemberChange::Remove(b"gone".as_slice().into())))
+            Some(Ok(MemberChange::Remove(TokenDigest::of(b"gone"))))
         );
         // Whole-state effects are not member effects.
         assert_eq!(parse(&effect_args(Event::Acquire, &lock)), None);
-        let bad: [&[&[u8]]; 7] = [
+        let bad: [&[&[u8]]; 9] = [
             &[b"acquire:90:90:d:3:5"],
             &[b"acquire:90:90:d:3:5", b""],
+            &[b"acquire:90:90:e:3:5", b"a token, not a digest"],
+            &[b"acquire:90:90:e:3:5", b"90:5:1:8", b"short digest"],
             &[b"acquire:90:90:d:3", b"tok"],
             &[b"acquire:90:90:d:3:5:6", b"tok"],
             &[b"acquire:90:90:d:3:5", b"91:5:1:0", b"tok"],

@@ -6,6 +6,7 @@
 //! replicated effects.
 
 use crate::error::LockError;
+pub use crate::lock::token::TokenDigest;
 
 /// How many fences fit into one millisecond of the fence clock (see [`next_fence`]).
 pub const FENCE_CLOCK_SHIFT: u32 = 11;
@@ -33,25 +34,25 @@ pub struct Holder {
     /// It lasted longer than `lock.long-hold`, and that was announced. In memory only: a
     /// restarted server, or a new primary, announces it once more.
     pub long: bool,
-    /// The grant: its token, its lock-delay, and when and to whom it was made (boxed, with the
-    /// token and the `addr name label` text in one allocation of its own: the value stays at
-    /// 80 bytes, a free lock's too).
+    /// The grant: its token's digest, its lock-delay, and when and to whom it was made (boxed,
+    /// with the `addr name label` text in one allocation of its own: the value stays at 80
+    /// bytes, a free lock's too).
     pub grant: Box<Grant>,
 }
 
 impl Holder {
-    /// The token that holds.
-    pub fn token(&self) -> &[u8] {
-        self.grant.token()
+    /// The digest of the token that holds.
+    pub fn token(&self) -> &TokenDigest {
+        &self.grant.token
     }
 }
 
 /// The longest label a client may give its hold (`LABEL`).
 pub const MAX_LABEL_LEN: usize = 128;
 
-/// What a hold keeps beside its lease: its token, the lock-delay it imposes, and for operators,
-/// when it was granted and to which connection. Only the token and the delay take part in any
-/// rule.
+/// What a hold keeps beside its lease: its token's digest, the lock-delay it imposes, and for
+/// operators, when it was granted and to which connection. Only the token and the delay take
+/// part in any rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
@@ -62,12 +63,12 @@ pub struct Grant {
     pub since: u64,
     /// The id of the client it was granted to (or last refreshed by); 0: unknown.
     pub client: u64,
-    /// The token, then `addr name label`, separated by single spaces (none of the three has
-    /// one; each may be empty): that client's address and name, and the public label the hold
-    /// was given (see [`Grant::who`]).
+    /// The digest of the token that holds (never the token itself).
+    token: TokenDigest,
+    /// `addr name label`, separated by single spaces (none of the three has one; each may be
+    /// empty): that client's address and name, and the public label the hold was given (see
+    /// [`Grant::who`]).
     text: Box<[u8]>,
-    /// How many bytes of `text` are the token.
-    token_len: u32,
 }
 
 /// The parts of a [`Grant::who`] text: address, name, label (each empty when missing). A
@@ -93,11 +94,10 @@ fn who_pieces<'a>(connection: &'a [u8], label: &'a [u8]) -> [&'a [u8]; 3] {
     [connection, b" ", label]
 }
 
-/// A grant's text: the token, then the pieces of `who`, in one exactly sized allocation.
-fn text_of(token: &[u8], who: &[&[u8]]) -> Box<[u8]> {
-    let len = token.len() + who.iter().map(|piece| piece.len()).sum::<usize>();
+/// A grant's text: the pieces of `who`, in one exactly sized allocation (none when empty).
+fn text_of(who: &[&[u8]]) -> Box<[u8]> {
+    let len = who.iter().map(|piece| piece.len()).sum::<usize>();
     let mut text = Vec::with_capacity(len);
-    text.extend_from_slice(token);
     for piece in who {
         text.extend_from_slice(piece);
     }
@@ -106,7 +106,7 @@ fn text_of(token: &[u8], who: &[&[u8]]) -> Box<[u8]> {
 
 impl Grant {
     /// The grant of `token`, with `who` as its `addr name label` (empty: unknown).
-    pub fn new(token: &[u8], delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
+    pub fn new(token: TokenDigest, delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
         Grant::of_pieces(token, delay, since, client, &[who])
     }
 
@@ -117,34 +117,34 @@ impl Grant {
     }
 
     /// The grant of `token` whose `addr name label` is the pieces of `who` put together.
-    fn of_pieces(token: &[u8], delay: u64, since: u64, client: u64, who: &[&[u8]]) -> Grant {
+    fn of_pieces(token: TokenDigest, delay: u64, since: u64, client: u64, who: &[&[u8]]) -> Grant {
         Grant {
             delay,
             since,
             client,
-            text: text_of(token, who),
-            token_len: u32::try_from(token.len()).unwrap_or(u32::MAX),
+            token,
+            text: text_of(who),
         }
     }
 
     /// The grant of `token` with nothing else known (no delay, no origin).
-    pub fn of_token(token: &[u8]) -> Grant {
+    pub fn of_token(token: TokenDigest) -> Grant {
         Grant::new(token, 0, 0, 0, b"")
     }
 
-    /// The token that holds.
-    pub fn token(&self) -> &[u8] {
-        self.text.get(..self.token_len as usize).unwrap_or_default()
+    /// The digest of the token that holds.
+    pub fn token(&self) -> &TokenDigest {
+        &self.token
     }
 
     /// `addr name label` (empty: unknown).
     pub fn who(&self) -> &[u8] {
-        self.text.get(self.token_len as usize..).unwrap_or_default()
+        &self.text
     }
 
     /// Its `addr name label` is now a connection's `addr name` and a label.
     fn set_who(&mut self, connection: &[u8], label: &[u8]) {
-        self.text = text_of(self.token(), &who_pieces(connection, label));
+        self.text = text_of(&who_pieces(connection, label));
     }
 
     fn parts(&self) -> [&[u8]; 3] {
@@ -202,15 +202,15 @@ pub fn valid_label(label: &[u8]) -> bool {
 pub struct Member {
     pub fence: u64,
     pub holder: Holder,
-    /// A fingerprint of the token (see [`fingerprint`]), beside the fence in the members'
-    /// vector: a search for a token among thousands of holders compares these and reads a
-    /// token (behind its grant record) only where they match.
+    /// A fingerprint of the token (see [`TokenDigest::print`]), beside the fence in the
+    /// members' vector: a search for a token among thousands of holders compares these and
+    /// reads a digest (behind its grant record) only where they match.
     print: u32,
 }
 
 impl Member {
     pub fn new(fence: u64, holder: Holder) -> Member {
-        let print = fingerprint(holder.token());
+        let print = holder.token().print();
         Member {
             fence,
             holder,
@@ -219,16 +219,9 @@ impl Member {
     }
 
     /// True when this member's token is `token`, whose fingerprint is `print`.
-    fn is(&self, token: &[u8], print: u32) -> bool {
+    fn is(&self, token: &TokenDigest, print: u32) -> bool {
         self.print == print && self.holder.token() == token
     }
-}
-
-/// A token's fingerprint (FNV-1a, 32 bits): equal tokens have equal ones.
-fn fingerprint(token: &[u8]) -> u32 {
-    token.iter().fold(0x811c_9dc5, |hash: u32, byte| {
-        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
-    })
 }
 
 /// One shared or permit holder's change, replicated on its own rather than with every holder.
@@ -238,7 +231,7 @@ pub enum MemberChange {
     /// dropped reentrant hold).
     Set(Member),
     /// The holder with this token is gone (released, expired, its session ended).
-    Remove(Box<[u8]>),
+    Remove(TokenDigest),
 }
 
 /// The shared side of a lock: its shared holders, or the permits of a semaphore.
@@ -287,9 +280,9 @@ impl Group {
     }
 
     /// The index of the newest member whose token is `token` and that `wanted` accepts.
-    fn find(&self, token: &[u8], wanted: impl Fn(&Member) -> bool) -> Option<usize> {
+    fn find(&self, token: &TokenDigest, wanted: impl Fn(&Member) -> bool) -> Option<usize> {
         const BLOCK: usize = 16;
-        let print = fingerprint(token);
+        let print = token.print();
         let mut end = self.prints.len();
         while end > 0 {
             let start = end.saturating_sub(BLOCK);
@@ -442,7 +435,7 @@ pub enum Mode {
 /// What a grant request asks for.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
-    pub token: &'a [u8],
+    pub token: TokenDigest,
     pub ttl: u64,
     pub reentrant: bool,
     pub session: bool,
@@ -680,7 +673,7 @@ impl Lock {
     }
 
     /// True when `token` holds the lock (in any mode) at `now`.
-    pub fn holds(&self, token: &[u8], now: u64) -> bool {
+    pub fn holds(&self, token: &TokenDigest, now: u64) -> bool {
         self.live_holder(now).is_some_and(|h| h.token() == token)
             || self.live_member_index(token, now).is_some()
     }
@@ -696,7 +689,7 @@ impl Lock {
     }
 
     /// The live hold of `token`, exclusive or shared.
-    fn live_hold_mut(&mut self, token: &[u8], now: u64) -> Option<&mut Holder> {
+    fn live_hold_mut(&mut self, token: &TokenDigest, now: u64) -> Option<&mut Holder> {
         let live = |h: &&mut Holder| h.deadline > now && h.token() == token;
         if let Some(holder) = self.holder.as_mut().filter(live) {
             return Some(holder);
@@ -722,7 +715,7 @@ impl Lock {
     /// The index of the live member holding with `token`.
     /// (From the latest grant back: a holder that comes back soon after its grant finds itself
     /// sooner.)
-    fn live_member_index(&self, token: &[u8], now: u64) -> Option<usize> {
+    fn live_member_index(&self, token: &TokenDigest, now: u64) -> Option<usize> {
         self.group
             .as_deref()?
             .find(token, |m| m.holder.deadline > now)
@@ -756,7 +749,7 @@ impl Lock {
 
     /// The token of the shared or permit holder [`Lock::expire`] removes next, if it removes
     /// one (not the exclusive holder).
-    pub fn expiring_member(&self, now: u64) -> Option<&[u8]> {
+    pub fn expiring_member(&self, now: u64) -> Option<&TokenDigest> {
         if self.holder.as_ref().is_some_and(|h| h.deadline <= now) {
             return None;
         }
@@ -766,7 +759,7 @@ impl Lock {
 
     /// `token`'s shared or permit hold, live or overdue, if it has one. Searched from the
     /// latest grant back: a change just made is most often to the newest holder.
-    pub fn member(&self, token: &[u8]) -> Option<&Member> {
+    pub fn member(&self, token: &TokenDigest) -> Option<&Member> {
         let group = self.group.as_deref()?;
         group.members.get(group.find(token, |_| true)?)
     }
@@ -828,7 +821,7 @@ impl Lock {
                 }
             }
             MemberChange::Remove(token) => {
-                let print = fingerprint(&token);
+                let print = token.print();
                 group.change_members(|members| members.retain(|m| !m.is(&token, print)));
             }
         }
@@ -901,7 +894,7 @@ impl Lock {
         let limit = self.limit();
         if self
             .live_holder(now)
-            .is_some_and(|h| h.token() == request.token)
+            .is_some_and(|h| *h.token() == request.token)
         {
             return match request.mode {
                 Mode::Exclusive => Ok(Admit::Refresh),
@@ -921,7 +914,7 @@ impl Lock {
             }
             _ => {}
         }
-        if self.live_member_index(request.token, now).is_some() {
+        if self.live_member_index(&request.token, now).is_some() {
             return match request.mode {
                 Mode::Exclusive => Err(Refused::Upgrade),
                 Mode::Shared | Mode::Permit(_) => Ok(Admit::Refresh),
@@ -938,7 +931,7 @@ impl Lock {
     /// holds it, without a lock-delay. An exclusive request; see [`Lock::grant`].
     pub fn acquire(
         &mut self,
-        token: &[u8],
+        token: TokenDigest,
         ttl: u64,
         reentrant: bool,
         session: bool,
@@ -970,12 +963,12 @@ impl Lock {
         match self.admit(request, now)? {
             Admit::Busy => Ok(Acquire::Busy),
             Admit::Refresh => {
-                let fence = match self.live_member_index(request.token, now) {
+                let fence = match self.live_member_index(&request.token, now) {
                     Some(index) => self.members()[index].fence,
                     None => self.fence,
                 };
                 let exclusive = self.holder.is_some();
-                if let Some(holder) = self.live_hold_mut(request.token, now) {
+                if let Some(holder) = self.live_hold_mut(&request.token, now) {
                     refresh(holder, request, deadline);
                     if exclusive {
                         holder.grant.delay = request.delay;
@@ -1036,7 +1029,7 @@ impl Lock {
 
     /// Drops one hold of `token`. Returns `None` when `token` does not hold the lock, otherwise
     /// whether its hold ended (for an exclusive holder: the lock is now free).
-    pub fn release(&mut self, token: &[u8], now: u64) -> Option<bool> {
+    pub fn release(&mut self, token: &TokenDigest, now: u64) -> Option<bool> {
         let live = |h: &&mut Holder| h.deadline > now && h.token() == token;
         if let Some(holder) = self.holder.as_mut().filter(live) {
             if holder.holds > 1 {
@@ -1058,7 +1051,7 @@ impl Lock {
     }
 
     /// Removes the live hold of `token` entirely, without a lock-delay.
-    fn end_hold(&mut self, token: &[u8], now: u64) -> Option<Holder> {
+    fn end_hold(&mut self, token: &TokenDigest, now: u64) -> Option<Holder> {
         if self.live_holder(now).is_some_and(|h| h.token() == token) {
             return self.holder.take();
         }
@@ -1067,7 +1060,7 @@ impl Lock {
     }
 
     /// Moves the deadline of `token`'s lease to `now + ttl`. False when `token` does not hold it.
-    pub fn renew(&mut self, token: &[u8], ttl: u64, now: u64) -> bool {
+    pub fn renew(&mut self, token: &TokenDigest, ttl: u64, now: u64) -> bool {
         match self.live_hold_mut(token, now) {
             Some(holder) => {
                 holder.deadline = deadline_after(now, ttl);
@@ -1080,7 +1073,7 @@ impl Lock {
 
     /// Frees a session hold of `token` entirely (its connection closed), starting its
     /// lock-delay if it has one. True when it did.
-    pub fn end_session(&mut self, token: &[u8], now: u64) -> bool {
+    pub fn end_session(&mut self, token: &TokenDigest, now: u64) -> bool {
         if !self.live_hold_mut(token, now).is_some_and(|h| h.session) {
             return false;
         }
@@ -1111,7 +1104,7 @@ impl Lock {
     /// Takes back the grant with `fence` from `token` (all its holds), when that grant is a
     /// current one and still provisional: a grant its replicas never acknowledged, which no
     /// refresh or renewal has promised to its token since. True when it did.
-    pub fn revoke(&mut self, token: &[u8], fence: u64, now: u64) -> bool {
+    pub fn revoke(&mut self, token: &TokenDigest, fence: u64, now: u64) -> bool {
         let current = self
             .grant_of(token, fence, now)
             .is_some_and(|h| h.provisional);
@@ -1122,7 +1115,7 @@ impl Lock {
     }
 
     /// The live hold of `token` with the grant `fence`, if it still has it at `now`.
-    pub fn grant_of(&self, token: &[u8], fence: u64, now: u64) -> Option<&Holder> {
+    pub fn grant_of(&self, token: &TokenDigest, fence: u64, now: u64) -> Option<&Holder> {
         self.live_holders(now)
             .find(|(f, h)| *f == fence && h.token() == token)
             .map(|(_, h)| h)
@@ -1156,9 +1149,10 @@ impl Lock {
         self.holder.is_some() || !self.members().is_empty()
     }
 
-    /// Heap bytes this lock owns beyond its own size (tokens, shared holders), for MEMORY USAGE.
+    /// Heap bytes this lock owns beyond its own size (grant records, shared holders), for
+    /// MEMORY USAGE.
     pub fn heap_bytes(&self) -> usize {
-        // A holder's own heap: its token, its grant record and that record's who bytes.
+        // A holder's own heap: its grant record (with the token's digest) and its who bytes.
         let own = |h: &Holder| std::mem::size_of::<Grant>() + h.grant.text.len();
         let group = self.group.as_deref().map_or(0, |g| {
             std::mem::size_of::<Group>()
@@ -1174,6 +1168,11 @@ impl Lock {
 mod tests {
     use super::*;
 
+    /// The digest of a test token.
+    fn dg(token: &[u8]) -> TokenDigest {
+        TokenDigest::of(token)
+    }
+
     const T0: u64 = 1_764_000_000_000;
 
     fn granted<E: std::fmt::Debug>(r: Result<Acquire, E>) -> u64 {
@@ -1186,7 +1185,7 @@ mod tests {
     #[test]
     fn first_grant_gets_a_clock_based_fence() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        let fence = granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         assert_eq!(fence, T0 << FENCE_CLOCK_SHIFT);
         assert_eq!(lock.ttl(T0), Some(1000));
         assert!(lock.fence_is_current(fence, T0));
@@ -1214,20 +1213,20 @@ mod tests {
     #[test]
     fn busy_lock_refuses_another_token() {
         let mut lock = Lock::default();
-        granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         assert_eq!(
-            lock.acquire(b"b", 1000, false, false, 0, T0 + 1),
+            lock.acquire(dg(b"b"), 1000, false, false, 0, T0 + 1),
             Ok(Acquire::Busy)
         );
-        assert_eq!(lock.holder.as_ref().map(|h| h.token()), Some(&b"a"[..]));
+        assert_eq!(lock.holder.as_ref().map(|h| *h.token()), Some(dg(b"a")));
     }
 
     #[test]
     fn same_token_refreshes_lease_and_keeps_fence() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        let fence = granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         assert_eq!(
-            lock.acquire(b"a", 5000, false, false, fence, T0 + 500),
+            lock.acquire(dg(b"a"), 5000, false, false, fence, T0 + 500),
             Ok(Acquire::Refreshed { fence })
         );
         assert_eq!(lock.ttl(T0 + 500), Some(5000));
@@ -1237,14 +1236,14 @@ mod tests {
     #[test]
     fn reentrant_acquire_counts_holds_and_release_drops_them_one_by_one() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, true, false, 0, T0));
-        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
-        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
+        let fence = granted(lock.acquire(dg(b"a"), 1000, true, false, 0, T0));
+        lock.acquire(dg(b"a"), 1000, true, false, fence, T0).ok();
+        lock.acquire(dg(b"a"), 1000, true, false, fence, T0).ok();
         assert_eq!(lock.holder.as_ref().map(|h| h.holds), Some(3));
-        assert_eq!(lock.release(b"a", T0), Some(false));
-        assert_eq!(lock.release(b"a", T0), Some(false));
-        assert_eq!(lock.release(b"a", T0), Some(true));
-        assert_eq!(lock.release(b"a", T0), None);
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(true));
+        assert_eq!(lock.release(&dg(b"a"), T0), None);
         assert!(!lock.is_held(T0));
         assert_eq!(lock.fence, fence);
     }
@@ -1252,30 +1251,30 @@ mod tests {
     #[test]
     fn release_with_wrong_token_keeps_lock() {
         let mut lock = Lock::default();
-        granted(lock.acquire(b"a", 1000, false, false, 0, T0));
-        assert_eq!(lock.release(b"b", T0), None);
+        granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
+        assert_eq!(lock.release(&dg(b"b"), T0), None);
         assert!(lock.is_held(T0));
     }
 
     #[test]
     fn expired_lease_counts_as_free_everywhere() {
         let mut lock = Lock::default();
-        let first = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        let first = granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         let at = T0 + 1000;
         assert!(!lock.is_held(at));
         assert!(!lock.fence_is_current(first, at));
-        assert_eq!(lock.release(b"a", at), None);
-        assert!(!lock.renew(b"a", 1000, at));
+        assert_eq!(lock.release(&dg(b"a"), at), None);
+        assert!(!lock.renew(&dg(b"a"), 1000, at));
         assert_eq!(lock.ttl(at), None);
         assert!(lock.is_overdue(at));
-        let second = granted(lock.acquire(b"b", 1000, false, false, first, at));
+        let second = granted(lock.acquire(dg(b"b"), 1000, false, false, first, at));
         assert!(second > first);
     }
 
     #[test]
     fn expire_removes_only_overdue_holders() {
         let mut lock = Lock::default();
-        granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         assert!(!lock.expire(T0 + 999));
         assert!(lock.expire(T0 + 1000));
         assert!(!lock.expire(T0 + 1000));
@@ -1285,21 +1284,21 @@ mod tests {
     #[test]
     fn renew_moves_deadline_only_for_holder() {
         let mut lock = Lock::default();
-        granted(lock.acquire(b"a", 1000, false, false, 0, T0));
-        assert!(lock.renew(b"a", 3000, T0 + 900));
+        granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
+        assert!(lock.renew(&dg(b"a"), 3000, T0 + 900));
         assert_eq!(lock.ttl(T0 + 900), Some(3000));
-        assert!(!lock.renew(b"b", 3000, T0 + 900));
+        assert!(!lock.renew(&dg(b"b"), 3000, T0 + 900));
         assert_eq!(lock.ttl(T0 + 900), Some(3000));
     }
 
     #[test]
     fn force_release_frees_any_holder_and_next_grant_has_larger_fence() {
         let mut lock = Lock::default();
-        let first = granted(lock.acquire(b"a", 1000, true, false, 0, T0));
-        lock.acquire(b"a", 1000, true, false, first, T0).ok();
+        let first = granted(lock.acquire(dg(b"a"), 1000, true, false, 0, T0));
+        lock.acquire(dg(b"a"), 1000, true, false, first, T0).ok();
         assert!(lock.force_release(T0));
         assert!(!lock.force_release(T0));
-        let second = granted(lock.acquire(b"b", 1000, false, false, first, T0));
+        let second = granted(lock.acquire(dg(b"b"), 1000, false, false, first, T0));
         assert_eq!(second, first + 1);
     }
 
@@ -1308,10 +1307,10 @@ mod tests {
         let mut lock = Lock::default();
         let mut floor = 0;
         for _ in 0..10_000 {
-            let fence = granted(lock.acquire(b"a", 10, false, false, floor, T0));
+            let fence = granted(lock.acquire(dg(b"a"), 10, false, false, floor, T0));
             assert!(fence > floor);
             floor = fence;
-            assert_eq!(lock.release(b"a", T0), Some(true));
+            assert_eq!(lock.release(&dg(b"a"), T0), Some(true));
         }
         assert_eq!(floor, (T0 << FENCE_CLOCK_SHIFT) + 9_999);
     }
@@ -1319,11 +1318,11 @@ mod tests {
     #[test]
     fn fence_check_needs_current_fence() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
+        let fence = granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
         assert!(lock.fence_is_current(fence, T0));
         assert!(!lock.fence_is_current(fence - 1, T0));
         assert!(!lock.fence_is_current(fence + 1, T0));
-        lock.release(b"a", T0);
+        lock.release(&dg(b"a"), T0);
         assert!(!lock.fence_is_current(fence, T0));
     }
 
@@ -1335,13 +1334,13 @@ mod tests {
     #[test]
     fn session_end_frees_all_holds_of_a_session_lock_only() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, true, true, 0, T0));
-        lock.acquire(b"a", 1000, true, false, fence, T0).ok();
-        assert!(!lock.end_session(b"b", T0));
-        assert!(lock.end_session(b"a", T0));
+        let fence = granted(lock.acquire(dg(b"a"), 1000, true, true, 0, T0));
+        lock.acquire(dg(b"a"), 1000, true, false, fence, T0).ok();
+        assert!(!lock.end_session(&dg(b"b"), T0));
+        assert!(lock.end_session(&dg(b"a"), T0));
         assert_eq!(lock.holder, None);
-        granted(lock.acquire(b"c", 1000, false, false, fence, T0));
-        assert!(!lock.end_session(b"c", T0));
+        granted(lock.acquire(dg(b"c"), 1000, false, false, fence, T0));
+        assert!(!lock.end_session(&dg(b"c"), T0));
         assert!(lock.is_held(T0));
     }
 
@@ -1353,14 +1352,14 @@ mod tests {
             ..request(b"a", 1000, false, 0)
         };
         let fence = granted(lock.grant(&sync, 0, T0));
-        assert!(!lock.revoke(b"b", fence, T0));
-        assert!(!lock.revoke(b"a", fence + 1, T0));
-        assert!(lock.revoke(b"a", fence, T0));
+        assert!(!lock.revoke(&dg(b"b"), fence, T0));
+        assert!(!lock.revoke(&dg(b"a"), fence + 1, T0));
+        assert!(lock.revoke(&dg(b"a"), fence, T0));
         assert!(!lock.is_held(T0));
-        let next = granted(lock.acquire(b"c", 1000, false, false, fence, T0));
-        assert!(!lock.revoke(b"a", fence, T0));
+        let next = granted(lock.acquire(dg(b"c"), 1000, false, false, fence, T0));
+        assert!(!lock.revoke(&dg(b"a"), fence, T0));
         // Granted without SYNC: never provisional.
-        assert!(!lock.revoke(b"c", next, T0));
+        assert!(!lock.revoke(&dg(b"c"), next, T0));
         assert!(lock.fence_is_current(next, T0));
     }
 
@@ -1373,10 +1372,10 @@ mod tests {
         type Refresh = fn(&mut Lock);
         let refreshes: [(&str, Refresh); 5] = [
             ("a plain refresh", |lock| {
-                lock.acquire(b"a", 1000, false, false, 0, T0).ok();
+                lock.acquire(dg(b"a"), 1000, false, false, 0, T0).ok();
             }),
             ("a reentrant acquire", |lock| {
-                lock.acquire(b"a", 1000, true, false, 0, T0).ok();
+                lock.acquire(dg(b"a"), 1000, true, false, 0, T0).ok();
             }),
             ("a refresh that waits for replicas too", |lock| {
                 let again = Request {
@@ -1386,7 +1385,7 @@ mod tests {
                 lock.grant(&again, 0, T0).ok();
             }),
             ("a renewal", |lock| {
-                assert!(lock.renew(b"a", 5000, T0));
+                assert!(lock.renew(&dg(b"a"), 5000, T0));
             }),
             ("a downgrade", |lock| {
                 lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0).ok();
@@ -1396,8 +1395,8 @@ mod tests {
             let mut lock = Lock::default();
             let fence = granted(lock.grant(&sync(b"a"), 0, T0));
             refresh(&mut lock);
-            assert!(!lock.revoke(b"a", fence, T0), "{what}");
-            assert!(lock.holds(b"a", T0), "{what}");
+            assert!(!lock.revoke(&dg(b"a"), fence, T0), "{what}");
+            assert!(lock.holds(&dg(b"a"), T0), "{what}");
         }
         // A release of one of several holds promises nothing: still provisional.
         let mut lock = Lock::default();
@@ -1408,14 +1407,14 @@ mod tests {
         let fence = granted(lock.grant(&reentrant, 0, T0));
         let holder = lock.holder.as_mut().expect("held");
         holder.holds = 2;
-        assert_eq!(lock.release(b"a", T0), Some(false));
-        assert!(lock.revoke(b"a", fence, T0));
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
+        assert!(lock.revoke(&dg(b"a"), fence, T0));
     }
 
-    fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'_> {
+    fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'static> {
         Request {
             provisional: false,
-            token,
+            token: dg(token),
             ttl,
             reentrant: false,
             session,
@@ -1458,12 +1457,12 @@ mod tests {
     fn a_closed_session_starts_the_delay_and_a_release_does_not() {
         let mut lock = Lock::default();
         let fence = granted(lock.grant(&request(b"a", 10_000, true, 500), 0, T0));
-        assert!(lock.end_session(b"a", T0 + 100));
+        assert!(lock.end_session(&dg(b"a"), T0 + 100));
         assert_eq!(lock.delay_ttl(T0 + 100), Some(500));
         assert!(!lock.is_available(T0 + 599));
         assert!(lock.is_available(T0 + 600));
         let next = granted(lock.grant(&request(b"b", 10_000, false, 500), fence, T0 + 600));
-        assert_eq!(lock.release(b"b", T0 + 700), Some(true));
+        assert_eq!(lock.release(&dg(b"b"), T0 + 700), Some(true));
         assert_eq!(lock.delay_ttl(T0 + 700), None);
         assert!(granted(lock.grant(&request(b"c", 10, false, 0), next, T0 + 700)) > next);
     }
@@ -1503,15 +1502,15 @@ mod tests {
     #[test]
     fn session_flag_sticks_on_refresh() {
         let mut lock = Lock::default();
-        let fence = granted(lock.acquire(b"a", 1000, false, false, 0, T0));
-        lock.acquire(b"a", 1000, false, true, fence, T0).ok();
+        let fence = granted(lock.acquire(dg(b"a"), 1000, false, false, 0, T0));
+        lock.acquire(dg(b"a"), 1000, false, true, fence, T0).ok();
         assert_eq!(lock.holder.as_ref().map(|h| h.session), Some(true));
     }
 
-    fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'_> {
+    fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'static> {
         Request {
             provisional: false,
-            token,
+            token: dg(token),
             ttl,
             reentrant: false,
             session: false,
@@ -1536,9 +1535,9 @@ mod tests {
             lock.grant(&asking(b"w", 1000, Mode::Exclusive), b, T0),
             Ok(Acquire::Busy)
         );
-        assert_eq!(lock.release(b"a", T0), Some(true));
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(true));
         assert!(!lock.fence_is_current(a, T0));
-        assert_eq!(lock.release(b"b", T0), Some(true));
+        assert_eq!(lock.release(&dg(b"b"), T0), Some(true));
         assert_eq!(lock.group, None);
         let w = granted(lock.grant(&asking(b"w", 1000, Mode::Exclusive), b, T0));
         assert!(w > b);
@@ -1555,7 +1554,7 @@ mod tests {
         let (x, y) = (0u32..)
             .find_map(|n| {
                 let token = format!("t{n}").into_bytes();
-                let earlier = seen.insert(fingerprint(&token), token.clone())?;
+                let earlier = seen.insert(dg(&token).print(), token.clone())?;
                 Some((earlier, token))
             })
             .unwrap();
@@ -1570,22 +1569,23 @@ mod tests {
             fence = granted(lock.grant(&asking(token, ttl, Mode::Shared), fence, T0));
         }
         for (index, token) in tokens.iter().enumerate() {
-            assert_eq!(lock.live_member_index(token, T0), Some(index));
+            assert_eq!(lock.live_member_index(&dg(token), T0), Some(index));
             assert_eq!(
-                lock.member(token).map(|m| m.holder.token()),
-                Some(&token[..])
+                lock.member(&dg(token)).map(|m| *m.holder.token()),
+                Some(dg(token))
             );
         }
-        assert_eq!(lock.live_member_index(b"nobody", T0), None);
+        assert_eq!(lock.live_member_index(&dg(b"nobody"), T0), None);
         // The colliding holders end one at a time; the other stays found.
+        let (x, y) = (dg(&x), dg(&y));
         assert_eq!(lock.release(&y, T0), Some(true));
         assert!(lock.holds(&x, T0) && !lock.holds(&y, T0));
         assert_eq!(lock.release(&x, T0), Some(true));
         assert!(!lock.holds(&x, T0));
         assert_eq!(lock.members().len(), 40);
         // A member whose lease ran out is not live, but is still its token's member.
-        assert_eq!(lock.live_member_index(b"h0", T0 + 1000), None);
-        assert!(lock.member(b"h0").is_some());
+        assert_eq!(lock.live_member_index(&dg(b"h0"), T0 + 1000), None);
+        assert!(lock.member(&dg(b"h0")).is_some());
     }
 
     #[test]
@@ -1598,24 +1598,24 @@ mod tests {
         assert!(lock.has_room(T0 + 999) && !lock.is_overdue(T0 + 999));
         // The earliest holder leaves: the lease timer may look early, never late, and a look
         // for overdue holders finds the new earliest.
-        assert_eq!(lock.release(b"a", T0 + 10), Some(true));
+        assert_eq!(lock.release(&dg(b"a"), T0 + 10), Some(true));
         assert!(lock.next_deadline() <= Some(T0 + 2000));
         assert!(!lock.is_overdue(T0 + 1500));
         assert_eq!(lock.next_deadline(), Some(T0 + 2000));
         // A renewal moves a deadline back; a new holder may bring an earlier one.
-        assert!(lock.renew(b"c", 100, T0 + 20));
+        assert!(lock.renew(&dg(b"c"), 100, T0 + 20));
         assert_eq!(lock.next_deadline(), Some(T0 + 120));
         let d = granted(lock.grant(&asking(b"d", 50, Mode::Shared), c, T0 + 30));
         assert_eq!(lock.next_deadline(), Some(T0 + 80));
         assert!(lock.is_overdue(T0 + 80));
         assert!(lock.expire(T0 + 80));
         assert_eq!(lock.members().len(), 2);
-        assert!(!lock.holds(b"d", T0 + 80) && d > c);
+        assert!(!lock.holds(&dg(b"d"), T0 + 80) && d > c);
         // Long holds: none until one is marked, then that one until it ends.
         assert_eq!(lock.long_fences(), Vec::<u64>::new());
         assert_eq!(lock.mark_long(50, T0 + 100).len(), 2);
         assert_eq!(lock.long_fences(), vec![b, c]);
-        assert_eq!(lock.release(b"c", T0 + 100), Some(true));
+        assert_eq!(lock.release(&dg(b"c"), T0 + 100), Some(true));
         assert_eq!(lock.long_fences(), vec![b]);
         // A long exclusive hold that becomes a shared one stays long.
         let mut lock = Lock::default();
@@ -1685,8 +1685,8 @@ mod tests {
             assert_eq!(lock.grant(&request, 0, T0), Err(refused));
         }
         // A lease that ran out frees its permit (once expired, with its own announcement).
-        assert!(lock.renew(b"p2", 10, T0));
-        assert!(lock.renew(b"p3", 20, T0));
+        assert!(lock.renew(&dg(b"p2"), 10, T0));
+        assert!(lock.renew(&dg(b"p3"), 20, T0));
         assert!(lock.has_room(T0 + 10));
         assert!(lock.expire(T0 + 30));
         assert!(lock.expire(T0 + 30));
@@ -1711,7 +1711,7 @@ mod tests {
                 Err(Refused::NotSemaphore)
             );
         }
-        assert_eq!(lock.release(b"w", T0), Some(true));
+        assert_eq!(lock.release(&dg(b"w"), T0), Some(true));
         let p = granted(lock.grant(&asking(b"p", 1000, Mode::Permit(2)), w, T0));
         assert!(p > w);
         assert_eq!(lock.limit(), 2);
@@ -1733,16 +1733,16 @@ mod tests {
         };
         let b = granted(lock.grant(&provisional(b"b"), a, T0));
         let c = granted(lock.grant(&provisional(b"c"), b, T0));
-        assert_eq!(lock.release(b"a", T0), Some(false));
-        assert!(lock.renew(b"b", 9000, T0 + 500));
+        assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
+        assert!(lock.renew(&dg(b"b"), 9000, T0 + 500));
         assert_eq!(lock.ttl(T0 + 500), Some(500));
-        assert!(!lock.end_session(b"b", T0 + 500));
-        assert!(lock.end_session(b"a", T0 + 500));
-        assert!(!lock.revoke(b"b", a, T0 + 500));
+        assert!(!lock.end_session(&dg(b"b"), T0 + 500));
+        assert!(lock.end_session(&dg(b"a"), T0 + 500));
+        assert!(!lock.revoke(&dg(b"b"), a, T0 + 500));
         // b renewed its grant: firm. c did not.
-        assert!(!lock.revoke(b"b", b, T0 + 500));
-        assert!(lock.revoke(b"c", c, T0 + 500));
-        assert!(lock.release(b"b", T0 + 500).is_some());
+        assert!(!lock.revoke(&dg(b"b"), b, T0 + 500));
+        assert!(lock.revoke(&dg(b"c"), c, T0 + 500));
+        assert!(lock.release(&dg(b"b"), T0 + 500).is_some());
         assert!(!lock.is_held(T0 + 500));
         assert_eq!(lock.group, None);
     }
@@ -1758,7 +1758,7 @@ mod tests {
                     deadline: T0 + 1000,
                     holds: 1,
                     session: false,
-                    grant: Box::new(Grant::of_token(&n.to_string().into_bytes())),
+                    grant: Box::new(Grant::of_token(dg(&n.to_string().into_bytes()))),
                 },
             )
         };
@@ -1786,12 +1786,7 @@ mod tests {
             .is_ok());
         assert_eq!(lock.members().len(), 1);
         assert!(lock
-            .apply_member(
-                fence - 1,
-                0,
-                T0,
-                MemberChange::Remove(b"x".as_slice().into())
-            )
+            .apply_member(fence - 1, 0, T0, MemberChange::Remove(dg(b"x")))
             .is_err());
     }
 }

@@ -3,7 +3,8 @@
 //! ([`event`]), the one encoding of a lock for RDB, replicated effects and digests ([`codec`]),
 //! and the bookkeeping the service keeps beside the keyspace: the lease index
 //! ([`lease_index`]), the queues of waiting clients ([`queues`]), the session owners
-//! ([`sessions`]) and the cluster slots being imported ([`slots`]).
+//! ([`sessions`]) and the cluster slots being imported ([`slots`]); a token as the server keeps
+//! it, a digest ([`token`]).
 //!
 //! Time is always a parameter here, so every rule is unit-tested without a server.
 
@@ -20,6 +21,7 @@ pub mod sessions;
 pub mod slots;
 #[cfg(test)]
 mod slots_tests;
+pub mod token;
 
 /// A key in a database: how the queues and the session table name a lock.
 pub type KeyRef = (i32, Box<[u8]>);

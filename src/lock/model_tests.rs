@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 
 use crate::lock::codec::{self, Fields};
-use crate::lock::core::{deadline_after, Acquire, Lock, Mode, Refused, Request, MAX_FENCE};
+use crate::lock::core::{
+    deadline_after, Acquire, Lock, Mode, Refused, Request, TokenDigest, MAX_FENCE,
+};
 use crate::lock::event::Event;
 
 /// SplitMix64: small, fast and good enough to pick operations.
@@ -236,14 +238,7 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
         .live_holders(now)
         .map(|(fence, h)| {
             let shared = lock.live_holder(now).is_none();
-            (
-                h.token().to_vec(),
-                fence,
-                h.deadline,
-                h.holds,
-                h.session,
-                shared,
-            )
+            (*h.token(), fence, h.deadline, h.holds, h.session, shared)
         })
         .collect();
     live.sort_by_key(|h| h.1);
@@ -251,7 +246,7 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
         .live(now)
         .map(|h| {
             (
-                h.token.clone(),
+                TokenDigest::of(&h.token),
                 h.fence,
                 h.deadline,
                 h.holds,
@@ -308,7 +303,7 @@ fn check_state(lock: &Lock, model: &MLock, now: u64, ctx: &dyn Fn() -> String) {
     }
     for token in TOKENS {
         assert_eq!(
-            lock.holds(token, now),
+            lock.holds(&TokenDigest::of(token), now),
             model.live(now).any(|h| h.token == token),
             "holds; {}",
             ctx()
@@ -482,8 +477,8 @@ fn walk(seed: u64, steps: usize) {
             Op::Acquire { key, token, .. }
             | Op::Release { key, token }
             | Op::Renew { key, token, .. }
-            | Op::EndSession { key, token } => (key, Some(TOKENS[token].to_vec())),
-            Op::Expire { key } => (key, real[key].expiring_member(now).map(<[u8]>::to_vec)),
+            | Op::EndSession { key, token } => (key, Some(TokenDigest::of(TOKENS[token]))),
+            Op::Expire { key } => (key, real[key].expiring_member(now).copied()),
             Op::ForceRelease { key } => (key, None),
         };
         let before = real[op_key].clone();
@@ -499,7 +494,7 @@ fn walk(seed: u64, steps: usize) {
                 let t = TOKENS[token];
                 let request = Request {
                     provisional: false,
-                    token: t,
+                    token: TokenDigest::of(t),
                     ttl,
                     reentrant,
                     session,
@@ -530,7 +525,7 @@ fn walk(seed: u64, steps: usize) {
                 {
                     let (fence, h) = real[key]
                         .live_holders(now)
-                        .find(|(_, h)| h.token() == t)
+                        .find(|(_, h)| *h.token() == TokenDigest::of(t))
                         .expect("holder after acquire");
                     assert_eq!(h.deadline, deadline_after(now, ttl));
                     assert_eq!(fence, f, "the holder's fence; {}", ctx());
@@ -540,7 +535,7 @@ fn walk(seed: u64, steps: usize) {
             Op::Release { key, token } => {
                 let t = TOKENS[token];
                 let held_before = model[key].live(now).any(|h| h.token == t);
-                let got = real[key].release(t, now);
+                let got = real[key].release(&TokenDigest::of(t), now);
                 assert_eq!(got, model[key].release(t, now), "release; {}", ctx());
                 // I5: a token that is not a live holder never releases.
                 if !held_before {
@@ -550,7 +545,7 @@ fn walk(seed: u64, steps: usize) {
             Op::Renew { key, token, ttl } => {
                 let t = TOKENS[token];
                 let held_before = model[key].live(now).any(|h| h.token == t);
-                let got = real[key].renew(t, ttl, now);
+                let got = real[key].renew(&TokenDigest::of(t), ttl, now);
                 assert_eq!(got, model[key].renew(t, ttl, now), "renew; {}", ctx());
                 if !held_before {
                     assert!(!got, "wrong-token renew; {}", ctx());
@@ -559,7 +554,7 @@ fn walk(seed: u64, steps: usize) {
             Op::EndSession { key, token } => {
                 let t = TOKENS[token];
                 assert_eq!(
-                    real[key].end_session(t, now),
+                    real[key].end_session(&TokenDigest::of(t), now),
                     model[key].end_session(t, now),
                     "end_session; {}",
                     ctx()
@@ -641,15 +636,15 @@ fn fence_exhaustion_is_reported_not_wrapped() {
     let mut model = MLock::default();
     let mut real = Lock::default();
     let now = 1_764_000_000_000;
-    let got = outcome(real.acquire(b"a", 10, false, false, MAX_FENCE - 1, now));
+    let got = outcome(real.acquire(TokenDigest::of(b"a"), 10, false, false, MAX_FENCE - 1, now));
     assert_eq!(got, MAcquire::Granted(MAX_FENCE));
     assert_eq!(
         got,
         model.acquire(b"a", 10, false, false, Mode::Exclusive, MAX_FENCE - 1, now)
     );
-    assert_eq!(real.release(b"a", now), Some(true));
+    assert_eq!(real.release(&TokenDigest::of(b"a"), now), Some(true));
     assert_eq!(model.release(b"a", now), Some(true));
-    let got = outcome(real.acquire(b"b", 10, false, false, MAX_FENCE, now));
+    let got = outcome(real.acquire(TokenDigest::of(b"b"), 10, false, false, MAX_FENCE, now));
     assert_eq!(got, MAcquire::Exhausted);
     assert_eq!(
         got,

@@ -55,7 +55,8 @@ impl SyncRequest {
 /// What a queued acquirer asked for.
 #[derive(Clone, Debug)]
 pub struct Request {
-    pub token: Box<[u8]>,
+    /// The digest of the token it presented.
+    pub token: core::TokenDigest,
     pub ttl: u64,
     pub reentrant: bool,
     pub session: bool,
@@ -74,7 +75,7 @@ impl Request {
     /// What the lock core is asked to grant for this waiter.
     pub fn grant(&self) -> core::Request<'_> {
         core::Request {
-            token: &self.token,
+            token: self.token,
             ttl: self.ttl,
             reentrant: self.reentrant,
             session: self.session,
@@ -364,13 +365,13 @@ impl<H> Queues<H> {
     }
 
     /// The token a queued acquirer asked for.
-    pub fn token_of(&self, tag: &Tag) -> Option<Box<[u8]>> {
+    pub fn token_of(&self, tag: &Tag) -> Option<core::TokenDigest> {
         let (db, key) = &tag.key;
         match self.queue(*db, key)?.acquirers.get(&tag.id)? {
             Slot::Waiter(Waiter {
                 kind: Kind::Acquire(request) | Kind::AcquireAll { request, .. },
                 ..
-            }) => Some(request.token.clone()),
+            }) => Some(request.token),
             _ => None,
         }
     }
@@ -537,7 +538,7 @@ mod tests {
         let kind = match tag.watch {
             Some(fence) => Kind::Watch { fence },
             None => Kind::Acquire(Request {
-                token: b"t".as_slice().into(),
+                token: core::TokenDigest::of(b"t"),
                 ttl: 1,
                 reentrant: false,
                 session: false,

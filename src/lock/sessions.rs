@@ -16,13 +16,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex};
 
+use crate::lock::token::TokenDigest;
 use crate::lock::KeyRef;
 
 /// A session lock's owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Session {
     pub client: u64,
-    pub token: Box<[u8]>,
+    pub token: TokenDigest,
     /// The id of the lock value the session belongs to.
     pub lock_id: u64,
 }
@@ -45,7 +46,7 @@ impl Sessions {
         let list = self.by_key.entry(key.clone()).or_default();
         let mut dropped = Vec::new();
         list.retain(|s| {
-            let keep = *s.token != *session.token && s.lock_id == session.lock_id;
+            let keep = s.token != session.token && s.lock_id == session.lock_id;
             if !keep {
                 dropped.push(s.client);
             }
@@ -87,7 +88,7 @@ impl Sessions {
     }
 
     /// Keeps the sessions of `key` whose token `holds`.
-    fn retain(&mut self, key: &KeyRef, holds: impl Fn(&[u8]) -> bool) {
+    fn retain(&mut self, key: &KeyRef, holds: impl Fn(&TokenDigest) -> bool) {
         let Some(list) = self.by_key.get_mut(key) else {
             return;
         };
@@ -129,13 +130,13 @@ pub fn any() -> bool {
 }
 
 /// Makes `client` the session owner of the lock value `lock_id` under `key`, held by `token`.
-pub fn claim(key: KeyRef, client: u64, token: &[u8], lock_id: u64) {
+pub fn claim(key: KeyRef, client: u64, token: TokenDigest, lock_id: u64) {
     with(|s| {
         s.insert(
             key,
             Session {
                 client,
-                token: token.into(),
+                token,
                 lock_id,
             },
         )
@@ -152,7 +153,7 @@ pub fn forget(key: &KeyRef) {
 
 /// Forgets the sessions of `key` whose token no longer holds the lock (a hold was released,
 /// expired or forced).
-pub fn keep_only(key: &KeyRef, holds: impl Fn(&[u8]) -> bool) {
+pub fn keep_only(key: &KeyRef, holds: impl Fn(&TokenDigest) -> bool) {
     with(|s| s.retain(key, holds));
 }
 
@@ -246,15 +247,15 @@ mod tests {
     fn session(client: u64, token: &[u8], lock_id: u64) -> Session {
         Session {
             client,
-            token: token.into(),
+            token: TokenDigest::of(token),
             lock_id,
         }
     }
 
     #[test]
     fn latest_session_acquirer_owns_the_lock() {
-        claim(key(0, "s1"), 101, b"t", 1);
-        claim(key(0, "s1"), 102, b"t", 1);
+        claim(key(0, "s1"), 101, TokenDigest::of(b"t"), 1);
+        claim(key(0, "s1"), 102, TokenDigest::of(b"t"), 1);
         assert!(disconnected(101).is_empty());
         assert_eq!(
             disconnected(102),
@@ -265,8 +266,8 @@ mod tests {
 
     #[test]
     fn forgotten_session_is_not_released_on_disconnect() {
-        claim(key(0, "s2"), 201, b"t", 2);
-        claim(key(0, "s3"), 201, b"u", 3);
+        claim(key(0, "s2"), 201, TokenDigest::of(b"t"), 2);
+        claim(key(0, "s3"), 201, TokenDigest::of(b"u"), 3);
         forget(&key(0, "s2"));
         assert_eq!(
             disconnected(201),
@@ -276,8 +277,8 @@ mod tests {
 
     #[test]
     fn sessions_follow_rename_move_and_swapdb() {
-        claim(key(0, "s4"), 301, b"t", 4);
-        claim(key(0, "s5"), 302, b"u", 5);
+        claim(key(0, "s4"), 301, TokenDigest::of(b"t"), 4);
+        claim(key(0, "s5"), 302, TokenDigest::of(b"u"), 5);
         // RENAME s4 s5: s5's old value (and session) is overwritten.
         leaving(&key(0, "s4"));
         arrived(&key(0, "s5"));
@@ -294,16 +295,16 @@ mod tests {
 
     #[test]
     fn shared_holders_keep_a_session_each() {
-        claim(key(0, "s6"), 501, b"r1", 8);
-        claim(key(0, "s6"), 502, b"r2", 8);
-        claim(key(0, "s6"), 501, b"r3", 8);
-        keep_only(&key(0, "s6"), |token| token != b"r3");
+        claim(key(0, "s6"), 501, TokenDigest::of(b"r1"), 8);
+        claim(key(0, "s6"), 502, TokenDigest::of(b"r2"), 8);
+        claim(key(0, "s6"), 501, TokenDigest::of(b"r3"), 8);
+        keep_only(&key(0, "s6"), |token| *token != TokenDigest::of(b"r3"));
         assert_eq!(
             disconnected(501),
             vec![(key(0, "s6"), session(501, b"r1", 8))]
         );
         // A new value of the key replaces the sessions of the old one.
-        claim(key(0, "s6"), 503, b"x", 9);
+        claim(key(0, "s6"), 503, TokenDigest::of(b"x"), 9);
         assert!(disconnected(502).is_empty());
         assert_eq!(
             disconnected(503),
@@ -313,8 +314,8 @@ mod tests {
 
     #[test]
     fn flush_ends_the_sessions_of_its_database() {
-        claim(key(11, "a"), 401, b"t", 6);
-        claim(key(12, "b"), 401, b"t", 7);
+        claim(key(11, "a"), 401, TokenDigest::of(b"t"), 6);
+        claim(key(12, "b"), 401, TokenDigest::of(b"t"), 7);
         flushed(Some(11));
         assert_eq!(
             disconnected(401),

@@ -29,6 +29,7 @@ use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, replication_acks, select_db, selected_db,
 };
 use crate::host::timer;
+use crate::lock::core::TokenDigest;
 use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::lock::queues::{Ending, SyncRequest};
@@ -47,7 +48,7 @@ const ASK_AGAIN: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub enum Confirms {
     /// A new grant: taken back when the replicas do not acknowledge it.
-    Grant { token: Box<[u8]>, fence: u64 },
+    Grant { token: TokenDigest, fence: u64 },
     /// A renewal or a refreshed lease: stays, but the client is told it may be lost.
     Change,
 }
@@ -157,7 +158,7 @@ pub fn abandon_answer(ctx: &Context, id: u64) -> Option<LockError> {
         let p = pending.iter_mut().find(|p| p.id == id && !p.abandoned)?;
         p.abandoned = true;
         let grant = match &p.confirms {
-            Confirms::Grant { token, fence } => Some((token.clone(), *fence)),
+            Confirms::Grant { token, fence } => Some((*token, *fence)),
             Confirms::Change => None,
         };
         (p.key.clone(), grant, p.sync)
@@ -183,7 +184,7 @@ fn failure(sync: &SyncRequest, replicas_missing: bool, undone: bool) -> LockErro
 
 /// True when `token` still holds the lock under `key` with the grant `fence`, no longer
 /// provisional.
-fn is_firm(ctx: &Context, (db, key): &KeyRef, token: &[u8], fence: u64) -> bool {
+fn is_firm(ctx: &Context, (db, key): &KeyRef, token: &TokenDigest, fence: u64) -> bool {
     let original = selected_db(ctx);
     let mut firm = false;
     if select_db(ctx, *db) {
@@ -312,7 +313,7 @@ fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {
 fn take_back(
     ctx: &Context,
     (db, key): &KeyRef,
-    token: &[u8],
+    token: &TokenDigest,
     fence: u64,
     now: u64,
     why: TakenBack,

@@ -7,7 +7,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
-use crate::lock::core::{valid_label, Mode, MAX_HOLDERS, MAX_LABEL_LEN};
+use crate::lock::core::{valid_label, Mode, TokenDigest, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
@@ -56,8 +56,9 @@ pub fn ttl(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
     Ok(ttl)
 }
 
-/// A token: not empty, within `lock.max-token-len` (a limit for clients only).
-pub fn token<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockError> {
+/// A token: not empty, within `lock.max-token-len` (a limit for clients only); what the module
+/// keeps of it is its digest, taken here.
+pub fn token(ctx: &Context, arg: &RedisString) -> Result<TokenDigest, LockError> {
     let token = arg.as_slice();
     if token.is_empty() {
         return Err(LockError::EmptyToken);
@@ -66,7 +67,7 @@ pub fn token<'a>(ctx: &Context, arg: &'a RedisString) -> Result<&'a [u8], LockEr
     if i64::try_from(token.len()).map_or(true, |len| len > max) && !is_replayed(ctx) {
         return Err(LockError::TokenTooLong { max });
     }
-    Ok(token)
+    Ok(TokenDigest::of(token))
 }
 
 /// A lock-delay in ms: 0 (none) or a positive integer within `lock.max-ttl` (a limit for

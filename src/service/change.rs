@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::host::keys;
 use crate::host::server::is_cluster;
 use crate::lock::codec::State;
-use crate::lock::core::{Acquire, Lock, Mode, Refused, Request};
+use crate::lock::core::{Acquire, Lock, Mode, Refused, Request, TokenDigest};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::sessions::{self, Session};
@@ -38,7 +38,7 @@ pub fn change_hold(
     key: &RedisString,
     stored: &mut Stored,
     now: u64,
-    token: &[u8],
+    token: &TokenDigest,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
     change_of(ctx, key, stored, now, Some(token), change)
@@ -49,7 +49,7 @@ fn change_of(
     key: &RedisString,
     stored: &mut Stored,
     now: u64,
-    token: Option<&[u8]>,
+    token: Option<&TokenDigest>,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
     let had_group = stored.lock().group.is_some();
@@ -101,7 +101,7 @@ pub fn hand_over(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) {
 /// (announced and replicated) per holder.
 pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
     while stored.lock().is_overdue(now) {
-        let member: Option<Box<[u8]>> = stored.lock().expiring_member(now).map(Into::into);
+        let member = stored.lock().expiring_member(now).copied();
         let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
         let expired = match &member {
             Some(token) => change_hold(ctx, key, stored, now, token, expire),
@@ -253,7 +253,7 @@ pub fn release_key(
     ctx: &Context,
     key: &RedisKeyWritable,
     name: &RedisString,
-    token: &[u8],
+    token: &TokenDigest,
     now: u64,
 ) -> Result<bool, LockError> {
     let mut released = None;
@@ -291,7 +291,7 @@ pub fn grant_stored(
     now: u64,
 ) -> Result<Acquire, Refused> {
     let mut outcome = Ok(Acquire::Busy);
-    change_hold(ctx, name, stored, now, request.token, |lock| {
+    change_hold(ctx, name, stored, now, &request.token, |lock| {
         outcome = lock.grant(request, floor::get(), now);
         match outcome {
             Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => Some(Event::Acquire),

@@ -28,7 +28,7 @@ use crate::service::change::{
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
-use crate::service::multi::{macquire, mrelease};
+use crate::service::multi::{self, macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
@@ -52,40 +52,48 @@ macro_rules! commands {
     )*};
 }
 
+// Every command a client may send redacts on error: a token given by mistake where a fence, a
+// timeout or a count belongs (`LOCK.FENCE k <token>`) is as secret as one in its own place.
+// LOCK.APPLY and LOCK.FLOOR are flagged no-monitor and no-slowlog, and refused from clients.
 commands! {
     LockAcquire => acquire, secrets: after_the_first;
     LockRelease => release, secrets: after_the_first;
     LockRenew => renew, secrets: after_the_first;
-    LockFence => fence;
-    LockWait => wait;
-    LockInfo => info;
-    LockForceRelease => force_release;
+    LockFence => fence, secrets: after_the_first;
+    LockWait => wait, secrets: after_the_first;
+    LockInfo => info, secrets: after_the_first;
+    LockForceRelease => force_release, secrets: after_the_first;
     LockApply => apply;
     LockFloor => floor_cmd;
     LockGuard => guard, secrets: crate::service::guard::secrets;
     LockMacquire => macquire, secrets: after_the_first;
     LockMrelease => mrelease, secrets: after_the_first;
-    LockWho => who;
-    LockLongholds => longholds;
+    LockWho => who, secrets: after_the_first;
+    LockLongholds => longholds, secrets: every_argument;
 }
 
-/// A failed call of a command with a token: anything after its first argument (the key, or
-/// numkeys, whose keys end nowhere certain when it is wrong) may be the token.
+/// A failed call: anything after its first argument (the key, or numkeys, whose keys end
+/// nowhere certain when it is wrong) may be a token.
 fn after_the_first(args: &[RedisString]) -> Vec<usize> {
     (2..args.len()).collect()
+}
+
+/// A failed call of a command without a key: any argument may be a token.
+fn every_argument(args: &[RedisString]) -> Vec<usize> {
+    (1..args.len()).collect()
 }
 
 // Redis 7.0 routes a module command in a cluster by its legacy key range or its getkeys-api,
 // not by key specs: the counted keys are declared here too.
 impl crate::host::command::DeclaresKeys for LockMacquire {
     fn keys(_ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {
-        crate::service::multi::key_positions(args)
+        multi::key_positions(args, multi::Shape::Acquire)
     }
 }
 
 impl crate::host::command::DeclaresKeys for LockMrelease {
     fn keys(_ctx: &Context, args: &[RedisString]) -> Vec<(usize, u32)> {
-        crate::service::multi::key_positions(args)
+        multi::key_positions(args, multi::Shape::Release)
     }
 }
 
@@ -148,7 +156,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             expire_overdue(ctx, key_name, stored, now);
             // Queued waiters are not overtaken: only a holder may re-acquire (or downgrade).
             // What could never be granted is refused all the same.
-            let outcome = if !waiters::queued(ctx, key_name) || stored.lock().holds(token, now) {
+            let outcome = if !waiters::queued(ctx, key_name) || stored.lock().holds(&token, now) {
                 grant_stored(ctx, key_name, stored, &request, now)
             } else {
                 stored.lock().admit(&request, now).map(|_| Acquire::Busy)
@@ -193,10 +201,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             match options.sync.filter(SyncRequest::waits) {
                 Some(sync) => {
                     let confirms = match grant {
-                        Acquire::Granted { .. } => Confirms::Grant {
-                            token: token.into(),
-                            fence,
-                        },
+                        Acquire::Granted { .. } => Confirms::Grant { token, fence },
                         _ => Confirms::Change,
                     };
                     handoff::block_for_acks(ctx, key_name, confirms, fence_reply(fence), sync)
@@ -214,7 +219,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     return Err(LockError::TooManyWaiters { max });
                 }
                 let request = Request {
-                    token: token.into(),
+                    token,
                     ttl,
                     reentrant: options.reentrant,
                     session: options.session,
@@ -243,7 +248,7 @@ fn release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
     let key = ctx.open_key_writable(key_name);
-    let released = release_key(ctx, &key, key_name, token, now_ms())?;
+    let released = release_key(ctx, &key, key_name, &token, now_ms())?;
     Ok(RedisValue::Integer(i64::from(released)))
 }
 
@@ -262,8 +267,8 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let renewed = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
-            change_hold(ctx, key_name, stored, now, token, |lock| {
-                lock.renew(token, ttl, now).then_some(Event::Renew)
+            change_hold(ctx, key_name, stored, now, &token, |lock| {
+                lock.renew(&token, ttl, now).then_some(Event::Renew)
             })
             .is_some()
         }

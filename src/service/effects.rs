@@ -10,6 +10,7 @@ use redis_module::{Context, NotifyEvent, RedisString};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms};
 use crate::lock::codec::{self, State};
+use crate::lock::core::TokenDigest;
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::service::value::{Stored, APPLY};
@@ -62,7 +63,7 @@ pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored
     let holder: &[&[u8]] = match &lock.holder {
         Some(holder) => {
             let who = codec::holder_who(holder);
-            pair = [holder.token(), who.unwrap_or_default()];
+            pair = [holder.token().as_bytes(), who.unwrap_or_default()];
             &pair[..if who.is_some() { 2 } else { 1 }]
         }
         None => &[],
@@ -77,7 +78,7 @@ pub fn propagate_hold(
     key: &RedisString,
     event: Event,
     stored: &Stored,
-    token: &[u8],
+    token: &TokenDigest,
     now: u64,
 ) {
     announce(ctx, key, event, stored);

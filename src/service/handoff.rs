@@ -271,13 +271,13 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
             Ok(Some(stored)) => {
                 expire_overdue(ctx, name, stored, now);
                 let lock = stored.lock();
-                let own = lock.live_holder(now).is_some_and(|h| h.token() == &*token);
+                let own = lock.live_holder(now).is_some_and(|h| *h.token() == token);
                 if !own && !lock.is_available(now) {
                     return None;
                 }
                 // A key that became a semaphore meanwhile: the error is the answer, and the
                 // waiters behind it on every key get their turn.
-                if let Err(refused) = lock.admit(&exclusive(&token), now) {
+                if let Err(refused) = lock.admit(&exclusive(token), now) {
                     waiters::remove(tag)?;
                     signal_keys(ctx, tag);
                     return Some(Err(refused.into()));
@@ -303,7 +303,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
                     sessions::claim(
                         (db, name.as_slice().into()),
                         request.client,
-                        &request.token,
+                        request.token,
                         lock_id,
                     );
                 }
@@ -454,7 +454,7 @@ fn serve_head(ctx: &Context, tag: &Tag) -> Option<Result<u64, LockError>> {
 }
 
 /// An exclusive request of `token` (what a multi-lock waiter asks of each key).
-fn exclusive(token: &[u8]) -> core::Request<'_> {
+fn exclusive(token: core::TokenDigest) -> core::Request<'static> {
     core::Request {
         token,
         ttl: 0,
@@ -514,7 +514,7 @@ fn grant_head(
             | Acquire::Downgraded { fence }),
         ) => {
             if request.session {
-                sessions::claim(tag.key.clone(), request.client, &request.token, lock_id);
+                sessions::claim(tag.key.clone(), request.client, request.token, lock_id);
             }
             let waited = u64::try_from(head.since.elapsed().as_micros()).unwrap_or(u64::MAX);
             metrics::ACQUIRE_WAIT.record(waited);
@@ -589,7 +589,7 @@ fn grant_deferred(ctx: &Context) {
             (Ok(fence), Some(sync)) => {
                 let confirms = if granted.new {
                     Confirms::Grant {
-                        token: request.token.clone(),
+                        token: request.token,
                         fence,
                     }
                 } else {

@@ -23,21 +23,48 @@ use crate::service::waiters;
 /// The most keys one call may name.
 pub const MAX_KEYS: usize = 1024;
 
-/// Where the keys of a `numkeys key [key ...]` call are (the command name is 0), read-write:
-/// what the call names, within its arguments (a bad count declares what fits; the call itself
-/// then refuses it).
-pub fn key_positions(args: &[RedisString]) -> Vec<(usize, u32)> {
-    let count = args
+/// Where the keys of a `numkeys key [key ...]` call are (the command name is 0), read-write,
+/// for cluster routing, ACL key checks and COMMAND GETKEYS: only when the call has the shape of
+/// `command` around its keys (`Shape`). Otherwise none: a miscounted numkeys would put the
+/// token in a key's place, and the server would show it where it shows keys (ACL LOG's
+/// `object`, a NOPERM error) before the module can refuse the call. A call that declares none
+/// is refused by the module itself, changing nothing.
+pub fn key_positions(args: &[RedisString], shape: Shape) -> Vec<(usize, u32)> {
+    let Some(count) = args
         .get(1)
         .and_then(parse_integer)
         .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(0)
-        .min(MAX_KEYS)
-        .min(args.len().saturating_sub(2));
+        .filter(|n| (1..=MAX_KEYS).contains(n))
+    else {
+        return Vec::new();
+    };
+    let after = args.len().saturating_sub(2 + count);
+    let fits = match shape {
+        // `token` and nothing more.
+        Shape::Release => args.len() >= 2 + count && after == 1,
+        // `token ttl-ms [options]`, the ttl an integer.
+        Shape::Acquire => {
+            args.len() >= 2 + count
+                && after >= 2
+                && args.get(3 + count).and_then(parse_integer).is_some()
+        }
+    };
+    if !fits {
+        return Vec::new();
+    }
     let flags = redis_module::raw::REDISMODULE_CMD_KEY_RW
         | redis_module::raw::REDISMODULE_CMD_KEY_ACCESS
         | redis_module::raw::REDISMODULE_CMD_KEY_UPDATE;
     (2..2 + count).map(|position| (position, flags)).collect()
+}
+
+/// What follows the keys of a multi-key command.
+#[derive(Clone, Copy)]
+pub enum Shape {
+    /// LOCK.MACQUIRE: the token, the ttl, options.
+    Acquire,
+    /// LOCK.MRELEASE: the token alone.
+    Release,
 }
 
 /// `numkeys key [key ...]` at the start of `args` (after the command name): the keys, and the
@@ -69,10 +96,9 @@ fn counted_keys<'a>(
         });
     }
     let (keys, tail) = rest.split_at(count);
-    for (i, key) in keys.iter().enumerate() {
-        if keys[..i].iter().any(|k| k.as_slice() == key.as_slice()) {
-            return Err(LockError::DuplicateKey);
-        }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    if !keys.iter().all(|key| seen.insert(key.as_slice())) {
+        return Err(LockError::DuplicateKey);
     }
     Ok((keys, tail))
 }
@@ -151,7 +177,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             }
         }
         let queued = queues::Request {
-            token: token.into(),
+            token,
             ttl,
             reentrant: false,
             session: options.session,
@@ -195,7 +221,7 @@ pub fn mrelease(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let mut released = 0;
     for (key, name) in opened.iter().zip(keys) {
-        released += i64::from(release_key(ctx, key, name, token, now)?);
+        released += i64::from(release_key(ctx, key, name, &token, now)?);
     }
     Ok(RedisValue::Integer(released))
 }

@@ -580,7 +580,7 @@ mod tests {
                 deadline,
                 holds: 1,
                 session: false,
-                grant: Box::new(Grant::of_token(b"t")),
+                grant: Box::new(Grant::of_token(crate::lock::core::TokenDigest::of(b"t"))),
             }),
             ..Lock::default()
         }

@@ -557,6 +557,22 @@ pub fn rdb_string(value: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What the module keeps of a token (src/lock/token.rs): the first 16 bytes of the SHA-256 of a
+/// fixed prefix and the token. Never the token itself.
+pub fn token_digest(token: &[u8]) -> Vec<u8> {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::new()
+        .chain_update(b"redis-lock token digest v1\0")
+        .chain_update(token)
+        .finalize();
+    hash[..16].to_vec()
+}
+
+/// [`token_digest`] as the replication tap shows arguments (lossy text).
+pub fn token_digest_text(token: &str) -> String {
+    String::from_utf8_lossy(&token_digest(token.as_bytes())).into_owned()
+}
+
 /// Module fields of a free lock (tombstone), with the EOF marker.
 pub fn tombstone_fields(fence: u64) -> Vec<u8> {
     let mut out = rdb_uint(fence);
@@ -565,8 +581,34 @@ pub fn tombstone_fields(fence: u64) -> Vec<u8> {
     out
 }
 
-/// Module fields of a held lock, with the EOF marker.
+/// Module fields of a held lock as this release writes them (the token's digest, flags bit 3
+/// set), with the EOF marker.
 pub fn held_fields(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u64) -> Vec<u8> {
+    held_fields_raw(
+        fence,
+        &token_digest(token),
+        deadline,
+        holds,
+        flags | DIGEST_FLAG,
+    )
+}
+
+/// The holder flag saying the token field is the token's digest (version 5).
+pub const DIGEST_FLAG: u64 = 8;
+
+/// Module fields of a held lock as releases before version 5 wrote them: the token itself.
+pub fn held_fields_of_token(
+    fence: u64,
+    token: &[u8],
+    deadline: u64,
+    holds: u64,
+    flags: u64,
+) -> Vec<u8> {
+    held_fields_raw(fence, token, deadline, holds, flags)
+}
+
+/// Module fields of a held lock with this token field and flags, with the EOF marker.
+pub fn held_fields_raw(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u64) -> Vec<u8> {
     let mut out = rdb_uint(fence);
     out.extend(rdb_uint(1));
     out.extend(rdb_string(token));
@@ -578,8 +620,10 @@ pub fn held_fields(fence: u64, token: &[u8], deadline: u64, holds: u64, flags: u
 }
 
 /// The module's current RDB encoding version of a lock (src/lock/codec.rs). Version 2 added
-/// the lock-delay; a lock without one is written as version 1 wrote it.
-pub const LOCK_ENCODING_VERSION: u64 = 4;
+/// the lock-delay (a free lock without one is written as version 1 wrote it); version 5 stores
+/// a token's digest instead of the token (flags bit 3; a holder without it names the token,
+/// which is hashed when loaded: what [`held_fields`] writes).
+pub const LOCK_ENCODING_VERSION: u64 = 5;
 
 /// Module fields of a free lock in a lock-delay ending at `until` (version 2), with the EOF
 /// marker.

@@ -323,6 +323,16 @@ fn malformed_calls() -> Vec<Vec<String>> {
             "1000",
         ],
         vec!["LOCK.GUARD", "k", "1", "lock.mrelease", "1", "k", t],
+        // A token given by mistake where a fence, a timeout, a count, a client id or a
+        // subcommand belongs.
+        vec!["LOCK.FENCE", "k", t],
+        vec!["LOCK.FENCE", "string", t],
+        vec!["LOCK.WAIT", "k", t],
+        vec!["LOCK.WHO", "k", "COUNT", t],
+        vec!["LOCK.WHO", "k", "CLIENT", t],
+        vec!["LOCK.WHO", "k", t],
+        vec!["LOCK.LONGHOLDS", "GET", t],
+        vec!["LOCK.LONGHOLDS", t],
     ];
     shapes
         .into_iter()
