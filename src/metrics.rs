@@ -15,6 +15,9 @@ impl Counter {
     pub fn incr(&self) {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }

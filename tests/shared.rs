@@ -498,10 +498,12 @@ fn shared_holds_and_permits_replicate_with_equal_digests_and_expire_on_the_repli
     }
     assert_eq!(replica.info_int("lock_shared_grants"), 1);
     assert_eq!(replica.info_int("lock_permit_grants"), 2);
-    // p2's lease ends on the primary; the replica follows.
+    // p2's lease ends on the primary (expired by it, not only past its deadline); the replica
+    // follows.
     wait_for("p2 to expire", || {
-        (int_field(&mut p, "sem", "holders") == 1).then_some(())
+        (primary.info_int("lock_expired") == 1).then_some(())
     });
+    assert_eq!(int_field(&mut p, "sem", "holders"), 1);
     wait_replica_caught_up(&primary, &replica);
     assert_eq!(int_field(&mut r, "sem", "holders"), 1);
     assert_eq!(digest_value(&mut p, "sem"), digest_value(&mut r, "sem"));

@@ -125,7 +125,15 @@ fn dump_rdb_aof_and_the_replication_stream_carry_only_digests() {
             !stream.iter().flatten().any(|arg| arg.as_bytes() == BINARY),
             "the binary token in the stream"
         );
-        // Files: the AOF as written, after a rewrite, and an RDB.
+        // Files: the AOF as written, after a rewrite, and an RDB (once the replica's full sync
+        // no longer forks).
+        wait_for("no child", || {
+            (primary
+                .info_field("persistence", "rdb_bgsave_in_progress")
+                .as_deref()
+                == Some("0"))
+            .then_some(())
+        });
         assert_eq!(c.call(&["SAVE"]), Reply::status("OK"));
         assert_no_token_in_files(primary.dir());
         assert_eq!(

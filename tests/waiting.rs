@@ -5,6 +5,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::Duration;
 
 use common::*;
 
@@ -662,4 +663,87 @@ fn info_field(info: &Reply, field: &str) -> Reply {
         .and_then(|fields| fields.into_iter().find(|(name, _)| name == field))
         .map(|(_, value)| value)
         .unwrap_or_else(|| panic!("LOCK.INFO has no field {field}: {info:?}"))
+}
+
+/// How the lock of [`a_waiter_whose_wait_ran_out_is_never_granted`] is freed.
+#[derive(Clone, Copy, Debug)]
+enum Freed {
+    Release,
+    LeaseEnd,
+    Del,
+    ForceRelease,
+    SessionClosed,
+}
+
+/// A waiter whose WAIT ran out is never granted the lock, whichever way it is freed before the
+/// server got round to answering the timeout (with `hz 1` Redis 7.0 may look at timed-out
+/// blocked clients only a second later): it gets nil, and the waiter behind it gets the lock.
+/// Also a multi-lock waiter.
+#[test]
+fn a_waiter_whose_wait_ran_out_is_never_granted() {
+    for multi in [false, true] {
+        for freed in [
+            Freed::Release,
+            Freed::LeaseEnd,
+            Freed::Del,
+            Freed::ForceRelease,
+            Freed::SessionClosed,
+        ] {
+            let what = format!("{freed:?}, multi-lock waiter {multi}");
+            let server = Server::start_with(Config::default().with("hz", "1"));
+            let mut c = server.conn();
+            let mut holder = server.conn();
+            let lease = match freed {
+                // Ends after the first waiter's wait, before the server answers its timeout.
+                Freed::LeaseEnd => 500,
+                _ => 600_000,
+            };
+            let granted_at = std::time::Instant::now();
+            match freed {
+                Freed::SessionClosed => {
+                    assert!(acquire_with(&mut holder, "k", "h", lease, &["SESSION"]).is_int())
+                }
+                _ => {
+                    acquire(&mut holder, "k", "h", lease);
+                }
+            }
+            let mut late = server.conn();
+            if multi {
+                late.send(&["LOCK.MACQUIRE", "1", "k", "late", "600000", "WAIT", "100"]);
+            } else {
+                late.send(&["LOCK.ACQUIRE", "k", "late", "600000", "WAIT", "100"]);
+            }
+            wait_blocked(&server, 1);
+            let mut next = server.conn();
+            next.send(&["LOCK.ACQUIRE", "k", "next", "600000", "WAIT", "10000"]);
+            wait_blocked(&server, 2);
+            // Past the late waiter's deadline, with nothing to wake the server meanwhile (no
+            // bare sleep: the condition waited on is the time itself).
+            let past_deadline = granted_at + Duration::from_millis(300);
+            std::thread::sleep(past_deadline.saturating_duration_since(std::time::Instant::now()));
+            match freed {
+                Freed::Release => assert_eq!(c.call(&["LOCK.RELEASE", "k", "h"]), Reply::Int(1)),
+                Freed::LeaseEnd => {}
+                Freed::Del => assert_eq!(c.call(&["DEL", "k"]), Reply::Int(1)),
+                Freed::ForceRelease => {
+                    assert_eq!(c.call(&["LOCK.FORCERELEASE", "k"]), Reply::Int(1))
+                }
+                Freed::SessionClosed => drop(holder),
+            }
+            assert_eq!(late.read(), Reply::Nil, "{what}: the late waiter");
+            assert!(next.read().int() > 0, "{what}: the next waiter");
+            assert_eq!(lock_field(&mut c, "k", "holders"), Reply::Int(1), "{what}");
+            assert_eq!(
+                c.call(&["LOCK.RELEASE", "k", "late"]),
+                Reply::Int(0),
+                "{what}"
+            );
+            assert_eq!(
+                c.call(&["LOCK.RELEASE", "k", "next"]),
+                Reply::Int(1),
+                "{what}"
+            );
+            assert_eq!(server.info_int("lock_acquire_timeouts"), 1, "{what}");
+        }
+    }
 }

@@ -492,6 +492,34 @@ pub fn member_effect_args(
 /// digest. (An older release's `d` carries the token.)
 const MEMBER_CHANGE: &[u8] = b":e";
 
+/// The marker of several members' removal in an effect's state: each argument after it is a
+/// token's digest.
+const MEMBERS_GONE: &[u8] = b":r";
+
+/// The arguments of `LOCK.APPLY` after the key for the shared or permit holds of `tokens`,
+/// which all ended with `event` at `now`, leaving `lock` as it is: applied in one pass over the
+/// holders.
+pub fn removals_effect_args(
+    event: Event,
+    lock: &Lock,
+    tokens: &[TokenDigest],
+    now: u64,
+) -> Vec<Vec<u8>> {
+    let mut state = State::of(
+        event,
+        &Lock {
+            fence: lock.fence,
+            ..Lock::default()
+        },
+    );
+    state.push(MEMBERS_GONE);
+    state.number(u64::from(lock.limit()));
+    state.number(now);
+    std::iter::once(state.as_bytes().to_vec())
+        .chain(tokens.iter().map(|t| t.as_bytes().to_vec()))
+        .collect()
+}
+
 /// A decoded `LOCK.APPLY` of one shared or permit holder's change.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MemberEffect {
@@ -509,16 +537,27 @@ pub fn parse_member_effect(args: &[&[u8]]) -> Option<Result<MemberEffect, LockEr
     let [state, rest @ ..] = args else {
         return None;
     };
-    let digests = match state.split(|b| *b == b':').nth(3) {
-        Some(b"e") => true,
-        Some(b"d") => false,
+    let marker = match state.split(|b| *b == b':').nth(3) {
+        Some(b"e") => Marker::Digest,
+        Some(b"d") => Marker::Token,
+        Some(b"r") => Marker::Removals,
         _ => return None,
     };
-    Some(member_effect(state, rest, digests))
+    Some(member_effect(state, rest, marker))
 }
 
-/// One member's change; `digests`: a removal names the token's digest, else the token.
-fn member_effect(state: &[u8], rest: &[&[u8]], digests: bool) -> Result<MemberEffect, LockError> {
+/// What a member change's arguments name: see [`MEMBER_CHANGE`] and [`MEMBERS_GONE`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Marker {
+    /// One member's change; a removal names the token's digest.
+    Digest,
+    /// An older release's: a removal names the token itself.
+    Token,
+    /// Members removed together: each argument is a token's digest.
+    Removals,
+}
+
+fn member_effect(state: &[u8], rest: &[&[u8]], marker: Marker) -> Result<MemberEffect, LockError> {
     let mut fields = state.split(|b| *b == b':');
     let (event, fence, floor) = effect_head(&mut fields)?;
     let limit = group_limit(&mut fields)?;
@@ -527,9 +566,23 @@ fn member_effect(state: &[u8], rest: &[&[u8]], digests: bool) -> Result<MemberEf
         return Err(LockError::BadEffect("extra fields"));
     }
     let change = match rest {
+        [] => return Err(LockError::BadEffect("member")),
+        digests if marker == Marker::Removals => MemberChange::Remove(
+            digests
+                .iter()
+                .map(|digest| token_field(digest, FLAG_DIGEST))
+                .collect::<Result<_, _>>()
+                .map_err(LockError::BadEffect)?,
+        ),
         [token] => {
-            let flags = if digests { FLAG_DIGEST } else { 0 };
-            MemberChange::Remove(token_field(token, flags).map_err(LockError::BadEffect)?)
+            let flags = if marker == Marker::Digest {
+                FLAG_DIGEST
+            } else {
+                0
+            };
+            MemberChange::Remove(vec![
+                token_field(token, flags).map_err(LockError::BadEffect)?
+            ])
         }
         [member, holder @ ..] => {
             let mut holder = holder.iter().copied();
@@ -542,7 +595,6 @@ fn member_effect(state: &[u8], rest: &[&[u8]], digests: bool) -> Result<MemberEf
             }
             MemberChange::Set(member)
         }
-        _ => return Err(LockError::BadEffect("member")),
     };
     Ok(MemberEffect {
         event,
@@ -865,7 +917,7 @@ mod tests {
         let gone = parse_member_effect(&[b"release:90:90:d:0:5", b"two"]);
         assert_eq!(
             gone.map(|r| r.map(|e| e.change)),
-            Some(Ok(MemberChange::Remove(TokenDigest::of(b"two"))))
+            Some(Ok(MemberChange::Remove(vec![TokenDigest::of(b"two")])))
         );
         let set = parse_member_effect(&[b"acquire:90:90:d:0:5", b"90:1764000000090:1:0", b"two"]);
         assert_eq!(
@@ -1161,8 +1213,18 @@ mod tests {
         assert_eq!(gone[1], TokenDigest::of(b"gone").as_bytes());
         assert_eq!(
             parse(&gone),
-            Some(Ok(MemberChange::Remove(TokenDigest::of(b"gone"))))
+            Some(Ok(MemberChange::Remove(vec![TokenDigest::of(b"gone")])))
         );
+        // Several removed together, in one effect.
+        let both = [TokenDigest::of(b"a"), TokenDigest::of(b"b")];
+        let gone = removals_effect_args(Event::Expired, &lock, &both, 1_764_000_000_000);
+        assert!(gone[0].ends_with(b":r:3:1764000000000"), "{:?}", gone[0]);
+        assert_eq!(parse(&gone), Some(Ok(MemberChange::Remove(both.to_vec()))));
+        assert!(
+            parse_member_effect(&[b"expired:90:90:r:3:5", b"not a digest"])
+                .is_some_and(|r| r.is_err())
+        );
+        assert!(parse_member_effect(&[b"expired:90:90:r:3:5"]).is_some_and(|r| r.is_err()));
         // Whole-state effects are not member effects.
         assert_eq!(parse(&effect_args(Event::Acquire, &lock)), None);
         let bad: [&[&[u8]]; 9] = [

@@ -603,11 +603,48 @@ fn walk(seed: u64, steps: usize) {
         for key in 0..keys {
             check_state(&real[key], &model[key], now, &ctx);
             check_encodings(&real[key], &ctx);
+            check_batch_expiry(&real[key], now, &ctx);
         }
     }
     for fences in granted.values() {
         assert!(fences.windows(2).all(|w| w[0] < w[1]), "seed {seed:#x}");
     }
+}
+
+/// Expiring every overdue shared or permit holder in one pass leaves the lock that expiring them
+/// one at a time leaves, and their removal, replicated together, leaves a replica the same; a
+/// budget takes at most that many.
+fn check_batch_expiry(lock: &Lock, now: u64, ctx: &dyn Fn() -> String) {
+    if lock.holder.is_some() {
+        return;
+    }
+    let mut one_by_one = lock.clone();
+    while one_by_one.expire(now) {}
+    let mut batch = lock.clone();
+    let expired = batch.expire_members(now, usize::MAX);
+    assert_eq!(batch, one_by_one, "batch expiry; {}", ctx());
+    if !expired.is_empty() {
+        let args = codec::removals_effect_args(
+            Event::Expired,
+            &batch,
+            &expired
+                .iter()
+                .map(|m| *m.holder.token())
+                .collect::<Vec<_>>(),
+            now,
+        );
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let effect = codec::parse_member_effect(&refs)
+            .unwrap_or_else(|| panic!("not a member effect; {}", ctx()))
+            .unwrap_or_else(|e| panic!("removals {e:?}; {}", ctx()));
+        let mut replica = lock.clone();
+        let applied = replica.apply_member(effect.fence, effect.limit, effect.now, effect.change);
+        assert_eq!(applied, Ok(()), "removals refused; {}", ctx());
+        assert_eq!(replica, batch, "replicated removals; {}", ctx());
+    }
+    let mut budgeted = lock.clone();
+    let first = budgeted.expire_members(now, 1);
+    assert_eq!(first.len(), expired.len().min(1), "budget; {}", ctx());
 }
 
 fn cases() -> u64 {

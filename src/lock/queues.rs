@@ -97,6 +97,8 @@ pub enum Kind {
     AcquireAll {
         request: Request,
         keys: Vec<Box<[u8]>>,
+        /// Where the last look at its keys stopped (the index of the key that kept it out).
+        stopped_at: usize,
     },
     /// `LOCK.WAIT`: the fence of the grant it waits to see end.
     Watch {
@@ -124,6 +126,10 @@ pub enum Ending {
     Displaced,
     /// A wait for replica acknowledgement ended: the reply, or why there is none.
     Answered(Result<i64, LockError>),
+    /// An acquirer whose wait ran out before the server answered its timeout (Redis 7.0 looks
+    /// at blocked clients' timeouts only when its event loop wakes): taken off its queues
+    /// instead of granted, and answered as a timeout.
+    TimedOut,
 }
 
 /// What a blocked client carries (its private data): enough to find its queue entry.
@@ -337,6 +343,51 @@ impl<H> Queues<H> {
         }
     }
 
+    /// The first acquirer queued on `key`, when its wait ran out by `now`: its tag (a multi-lock
+    /// waiter's names its first key and the others), to take it off every queue it is on.
+    pub fn lapsed_head(&self, db: i32, key: &[u8], now: Instant) -> Option<Tag> {
+        let (id, slot) = self.queue(db, key)?.acquirers.first_key_value()?;
+        let (primary, waiter): (&[u8], &Waiter<H>) = match slot {
+            Slot::Waiter(waiter) => (key, waiter),
+            Slot::Shadow { primary } => match self.queue(db, primary)?.acquirers.get(id)? {
+                Slot::Waiter(waiter) => (primary, waiter),
+                Slot::Shadow { .. } => return None,
+            },
+        };
+        if waiter.until.is_none_or(|until| until > now) {
+            return None;
+        }
+        let also = match &waiter.kind {
+            Kind::AcquireAll { keys, .. } => keys.iter().skip(1).cloned().collect(),
+            Kind::Acquire(_) | Kind::Watch { .. } => Vec::new(),
+        };
+        Some(Tag {
+            id: *id,
+            key: (db, primary.into()),
+            watch: None,
+            also,
+        })
+    }
+
+    /// True when the wait of the waiter `tag` ran out by `now` (and it is still queued).
+    pub fn has_lapsed(&self, tag: &Tag, now: Instant) -> bool {
+        let (db, key) = &tag.key;
+        let Some(queue) = self.queue(*db, key) else {
+            return false;
+        };
+        let waiter = match tag.watch {
+            None => match queue.acquirers.get(&tag.id) {
+                Some(Slot::Waiter(waiter)) => waiter,
+                _ => return false,
+            },
+            Some(fence) => match queue.watchers.get(&fence).and_then(|w| w.get(&tag.id)) {
+                Some(waiter) => waiter,
+                None => return false,
+            },
+        };
+        waiter.until.is_some_and(|until| until <= now)
+    }
+
     /// True when `tag` is a multi-lock waiter (`LOCK.MACQUIRE ... WAIT`), even of one key.
     pub fn is_multi(&self, tag: &Tag) -> bool {
         let (db, key) = &tag.key;
@@ -361,6 +412,35 @@ impl<H> Queues<H> {
                 ..
             }) => Some(request),
             _ => None,
+        }
+    }
+
+    /// Where the last look at multi-lock waiter `tag`'s keys stopped (0 at first).
+    pub fn stopped_at(&self, tag: &Tag) -> usize {
+        let (db, key) = &tag.key;
+        match self.queue(*db, key).and_then(|q| q.acquirers.get(&tag.id)) {
+            Some(Slot::Waiter(Waiter {
+                kind: Kind::AcquireAll { stopped_at, .. },
+                ..
+            })) => *stopped_at,
+            _ => 0,
+        }
+    }
+
+    /// The last look at multi-lock waiter `tag`'s keys stopped at key `at`.
+    pub fn set_stopped_at(&mut self, tag: &Tag, at: usize) {
+        let (db, key) = &tag.key;
+        let slot = self
+            .dbs
+            .get_mut(db)
+            .and_then(|keys| keys.get_mut(key))
+            .and_then(|q| q.acquirers.get_mut(&tag.id));
+        if let Some(Slot::Waiter(Waiter {
+            kind: Kind::AcquireAll { stopped_at, .. },
+            ..
+        })) = slot
+        {
+            *stopped_at = at;
         }
     }
 

@@ -97,21 +97,55 @@ pub fn hand_over(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) {
     waiters::wake_watchers(ctx, key, stored.lock(), now);
 }
 
-/// Removes the holders whose lease already ran out, as the expiry timer would have: one change
-/// (announced and replicated) per holder.
+/// Removes the holders whose lease already ran out, as the expiry timer would have: each
+/// announced (`lock.expired`) and replicated on its own (see [`expire_overdue_within`]).
 pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
-    while stored.lock().is_overdue(now) {
-        let member = stored.lock().expiring_member(now).copied();
+    expire_overdue_within(ctx, key, stored, now, usize::MAX);
+}
+
+/// [`expire_overdue`] of at most `budget` holders; true when overdue holders remain. Shared and
+/// permit holders go in one pass over them, each announced and replicated on its own, and what
+/// follows a change (the lease index, the ages, the queue) is brought up to date once: a key
+/// with thousands of holders whose leases end together costs O(N), not O(N) per holder.
+pub fn expire_overdue_within(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    budget: usize,
+) -> bool {
+    if stored
+        .lock()
+        .holder
+        .as_ref()
+        .is_some_and(|h| h.deadline <= now)
+    {
         let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
-        let expired = match &member {
-            Some(token) => change_hold(ctx, key, stored, now, token, expire),
-            None => change(ctx, key, stored, now, expire),
-        };
-        if expired.is_none() {
-            break;
+        if change(ctx, key, stored, now, expire).is_some() {
+            metrics::EXPIRED.incr();
         }
-        metrics::EXPIRED.incr();
+        return false;
     }
+    if !stored.lock().is_overdue(now) {
+        return false;
+    }
+    let long = holds::long_before(stored);
+    let expired = stored.update(|lock| lock.expire_members(now, budget));
+    if expired.is_empty() {
+        return false;
+    }
+    if !long.is_empty() {
+        holds::ended(stored, &long, Event::Expired, now);
+    }
+    let tokens: Vec<TokenDigest> = expired.iter().map(|m| *m.holder.token()).collect();
+    effects::propagate_removed(ctx, key, Event::Expired, stored, &tokens, now);
+    metrics::EXPIRED.add(tokens.len() as u64);
+    if sessions::any() {
+        let lock = stored.lock();
+        sessions::keep_only(&waiters::key_ref(ctx, key), |token| lock.holds(token, now));
+    }
+    hand_over(ctx, key, stored, now);
+    stored.lock().is_overdue(now)
 }
 
 /// Deletes the free lock in `key` when its tombstone time is up (at once with
@@ -148,6 +182,11 @@ pub fn reclaim_if_due(
     true
 }
 
+/// How many shared or permit holders of one key the lease timer expires before it looks at the
+/// clock again (see `expiry::on_due`): a key with ten thousand holders whose leases end together
+/// is expired in slices too.
+const EXPIRE_SLICE: usize = 512;
+
 /// The lease index's entry for the lock under `key` (in the selected db) came due: expires it if
 /// its lease has run out, reclaims it if it is free and its tombstone time is up. Only while it
 /// is still the value with id `id`: another lock under this name has an entry of its own.
@@ -160,7 +199,9 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, n
             stored.entry_came_due(queued);
             // Long holds first: a lease that ran out after its hold became long was one.
             holds::cross(ctx, key_name, stored, now);
-            expire_overdue(ctx, key_name, stored, now);
+            // In slices: holders left overdue keep the entry due now, and the timer comes back
+            // to them after looking at the clock.
+            expire_overdue_within(ctx, key_name, stored, now, EXPIRE_SLICE);
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.
                 hand_over(ctx, key_name, stored, now);

@@ -13,7 +13,7 @@ use crate::host::server::{
     persistence,
 };
 use crate::lock::codec::{self, MemberEffect};
-use crate::lock::core::{self, Acquire, Grant, Lock, Mode};
+use crate::lock::core::{self, Acquire, Grant, Lock, MemberChange, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request, SyncRequest};
@@ -460,7 +460,7 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return apply_reclaim(ctx, &key, key_name);
     }
     let lock = effect.lock;
-    applied(ctx, &key, key_name, effect.event, |current| {
+    applied(ctx, &key, key_name, effect.event, 1, |current| {
         *current = lock;
         Ok(())
     })
@@ -478,19 +478,26 @@ fn apply_member(ctx: &Context, key_name: &RedisString, effect: MemberEffect) -> 
         change,
         ..
     } = effect;
-    applied(ctx, &key, key_name, event, |lock| {
+    // Holders removed together count as the primary counted them: one each.
+    let times = match &change {
+        MemberChange::Remove(tokens) => tokens.len(),
+        MemberChange::Set(_) => 1,
+    };
+    applied(ctx, &key, key_name, event, times, |lock| {
         lock.apply_member(fence, limit, now, change)
             .map_err(LockError::BadEffect)
     })
 }
 
 /// Applies a replicated `change` to the lock in `key` (a fresh one when missing), counts it as
-/// the primary did, announces it and passes it on. A change refused leaves the key as it was.
+/// the primary did (`times` holders changed so), announces it and passes it on. A change refused
+/// leaves the key as it was.
 fn applied(
     ctx: &Context,
     key: &RedisKeyWritable,
     key_name: &RedisString,
     event: Event,
+    times: usize,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
     let (old_fence, created) = match in_key_mut(key)? {
@@ -514,7 +521,9 @@ fn applied(
         holds::follow(stored, key_name.as_slice());
     }
     if !is_loading(ctx) {
-        count_applied(event);
+        for _ in 0..times {
+            count_applied(event);
+        }
         let lock = stored.lock();
         // A new shared hold or permit: the newest member has the key's new fence.
         let new_member =

@@ -2,6 +2,7 @@
 //! must not write): queued here, each job once, and run from a 0 ms timer on the next
 //! event-loop turn.
 
+use std::collections::VecDeque;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -11,7 +12,7 @@ use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
 };
 use crate::host::timer;
-use crate::lock::sessions;
+use crate::lock::sessions::{self, Session};
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
 use crate::service::{change, effects, expiry, holds, safety, waiters};
@@ -22,6 +23,8 @@ pub enum Job {
     SettleKey(KeyRef),
     /// A connection that owned session locks closed.
     SessionLost(u64),
+    /// Session locks of closed connections are still to be released (see [`ENDING`]).
+    EndSessions,
     /// The server's configuration changed: look for settings that endanger locks.
     CheckConfig,
     /// A child was forked: record the fence floor, outside the command that forked.
@@ -36,6 +39,10 @@ struct Pending {
 }
 
 static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(|| Mutex::new(Pending::default()));
+
+/// The session locks of closed connections not released yet: a connection that held thousands
+/// is worked off in slices like any other job.
+static ENDING: Mutex<VecDeque<(KeyRef, Session)>> = Mutex::new(VecDeque::new());
 
 fn pending() -> MutexGuard<'static, Pending> {
     locked(&PENDING)
@@ -59,6 +66,23 @@ const PAUSED_RETRY_MS: u64 = 10;
 
 fn next_job() -> Option<Job> {
     pending().jobs.pop()
+}
+
+/// Releases the session locks of closed connections until the slice that began at `started` is
+/// used up.
+fn end_sessions(ctx: &Context, now: u64, started: Instant) {
+    loop {
+        let next = locked(&ENDING).pop_front();
+        let Some(((db, key), session)) = next else {
+            return;
+        };
+        if select_db(ctx, db) {
+            change::end_session(ctx, &key_string(ctx, &key), &session, now);
+        }
+        if started.elapsed() >= SLICE {
+            return;
+        }
+    }
 }
 
 /// The timer's callback: runs jobs for one slice, then leaves the rest to the next turn.
@@ -97,14 +121,12 @@ fn run(ctx: &Context) {
             }
             Job::RecordFloor => effects::record_floor(ctx),
             // Sessions end only on the primary; a replica's sessions died with its role.
-            Job::SessionLost(_) if !primary => {}
+            Job::SessionLost(_) | Job::EndSessions if !primary => locked(&ENDING).clear(),
             Job::SessionLost(client) => {
-                for ((db, key), session) in sessions::disconnected(client) {
-                    if select_db(ctx, db) {
-                        change::end_session(ctx, &key_string(ctx, &key), &session, now);
-                    }
-                }
+                locked(&ENDING).extend(sessions::disconnected(client));
+                end_sessions(ctx, now, started);
             }
+            Job::EndSessions => end_sessions(ctx, now, started),
         }
         if started.elapsed() >= SLICE {
             break;
@@ -112,6 +134,9 @@ fn run(ctx: &Context) {
     }
     select_db(ctx, original_db);
     let mut p = pending();
+    if !locked(&ENDING).is_empty() {
+        p.jobs.push(Job::EndSessions);
+    }
     if !p.jobs.is_empty() && !p.armed {
         p.armed = timer::create(ctx, 0, run).is_some();
     }

@@ -86,6 +86,27 @@ pub fn propagate_hold(
     replicate_apply(ctx, key, &args);
 }
 
+/// On the primary: the shared or permit holds of `tokens` all ended with `event` (made at
+/// `now`), leaving `stored` as it is: one notification each, the rest of the announcement once,
+/// and the removals replicated together (their tokens' digests, however many holders stay).
+pub fn propagate_removed(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    stored: &Stored,
+    tokens: &[TokenDigest],
+    now: u64,
+) {
+    announce(ctx, key, event, stored);
+    if let Some(name) = event.notification() {
+        for _ in 1..tokens.len() {
+            keys::notify(ctx, NotifyEvent::MODULE, name, key);
+        }
+    }
+    let args = codec::removals_effect_args(event, stored.lock(), tokens, now);
+    replicate_apply(ctx, key, &args);
+}
+
 /// Sends `LOCK.APPLY key args...` to replicas and the AOF.
 fn replicate_apply(ctx: &Context, key: &RedisString, args: &[Vec<u8>]) {
     let refs: Vec<&[u8]> = std::iter::once(key.as_slice())

@@ -7,7 +7,6 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString, RedisValue};
 
 use crate::error::LockError;
@@ -172,6 +171,7 @@ fn end(ctx: &Context, tag: &Tag) -> CommandResult {
         Some(Ending::Watched) => return Ok(RedisValue::Integer(1)),
         Some(Ending::Displaced) => return Err(LockError::Displaced),
         Some(Ending::Answered(answer)) => return answer.map(RedisValue::Integer),
+        Some(Ending::TimedOut) => return Ok(timed_out(tag)),
         None => {}
     }
     // The wait ended (its WAIT timeout, CLIENT UNBLOCK) while replicas had not yet
@@ -180,11 +180,34 @@ fn end(ctx: &Context, tag: &Tag) -> CommandResult {
         return Err(error);
     }
     waiters::remove(tag);
+    Ok(timed_out(tag))
+}
+
+/// The answer to a wait that ran out: 0 for a watcher, nil (counted) for an acquirer.
+fn timed_out(tag: &Tag) -> RedisValue {
     if tag.watch.is_some() {
-        Ok(RedisValue::Integer(0))
+        RedisValue::Integer(0)
     } else {
         metrics::ACQUIRE_TIMEOUTS.incr();
-        Ok(RedisValue::Null)
+        RedisValue::Null
+    }
+}
+
+/// Takes off its queues every acquirer at the head of `name`'s queue (in `db`) whose wait ran
+/// out, and answers each as timed out: Redis 7.0 looks at blocked clients' timeouts only when
+/// its event loop wakes, so a lock freed meanwhile (a release, a lease's end, DEL, a session's
+/// disconnect) must not be handed to them. Every hand-over looks here first.
+fn drop_lapsed_heads(db: i32, name: &[u8]) {
+    let now = Instant::now();
+    loop {
+        let lapsed = waiters::queues().lapsed_head(db, name, now);
+        let Some(tag) = lapsed else {
+            return;
+        };
+        match waiters::remove(&tag) {
+            Some(waiter) => waiters::end_wait(waiter.id, waiter.handle, Ending::TimedOut),
+            None => return,
+        }
     }
 }
 
@@ -248,31 +271,50 @@ pub fn block_all(
     let kind = Kind::AcquireAll {
         request,
         keys: keys.iter().map(|k| k.as_slice().into()).collect(),
+        stopped_at: 0,
     };
     block_queued(ctx, &refs, timeout, tag, kind)
 }
 
 /// A multi-lock waiter's turn: granted every key at once when it heads all their queues and
 /// each lock is free (or already its own); otherwise it keeps waiting, holding nothing.
+///
+/// Redis calls this once for every key of the waiter that is signalled, and a grant to the
+/// waiter ahead of it signals each of its keys: looking at every key each time would cost K x K
+/// for K keys. The look starts at the key that kept the waiter out the last time, which most
+/// often still does: such a call costs O(1), and a full look O(K).
 fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let db = tag.key.0;
-    {
-        let queues = waiters::queues();
-        if !tag.keys().all(|key| queues.is_head(db, key, tag.id)) {
-            return None;
+    let count = 1 + tag.also.len();
+    let key_at = |i: usize| -> &[u8] {
+        match i.checked_sub(1) {
+            None => &tag.key.1,
+            Some(other) => tag.also.get(other).map_or(&tag.key.1, |k| &**k),
         }
-    }
+    };
+    let start = waiters::queues().stopped_at(tag) % count;
     let token = waiters::queues().token_of(tag)?;
     let now = now_ms();
-    let names: Vec<RedisString> = tag.keys().map(|key| key_string(ctx, key)).collect();
-    let opened: Vec<RedisKeyWritable> = names.iter().map(|n| ctx.open_key_writable(n)).collect();
-    for (key, name) in opened.iter().zip(&names) {
-        match in_key_mut(key) {
+    let mut opened = Vec::with_capacity(count);
+    for step in 0..count {
+        let i = (start + step) % count;
+        let key = key_at(i);
+        if !waiters::queues().is_head(db, key, tag.id) {
+            drop_lapsed_heads(db, key);
+            if !waiters::queues().is_head(db, key, tag.id) {
+                waiters::queues().set_stopped_at(tag, i);
+                return None;
+            }
+        }
+        let name = key_string(ctx, key);
+        let handle = ctx.open_key_writable(&name);
+        match in_key_mut(&handle) {
             Ok(Some(stored)) => {
-                expire_overdue(ctx, name, stored, now);
+                expire_overdue(ctx, &name, stored, now);
                 let lock = stored.lock();
                 let own = lock.live_holder(now).is_some_and(|h| *h.token() == token);
                 if !own && !lock.is_available(now) {
+                    waiters::queues().set_stopped_at(tag, i);
                     return None;
                 }
                 // A key that became a semaphore meanwhile: the error is the answer, and the
@@ -285,9 +327,15 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
             }
             Ok(None) => {}
             // Another type took a name: keep waiting for it to become a lock again.
-            Err(_) => return None,
+            Err(_) => {
+                waiters::queues().set_stopped_at(tag, i);
+                return None;
+            }
         }
+        opened.push((i, name, handle));
     }
+    // Granted in the order the call named the keys: its reply lists their fences so.
+    opened.sort_unstable_by_key(|(i, _, _)| *i);
     let waiter = waiters::remove(tag)?;
     let Kind::AcquireAll { request, .. } = &waiter.kind else {
         return None;
@@ -295,8 +343,8 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
     let grant = request.grant();
     let waited = u64::try_from(waiter.since.elapsed().as_micros()).unwrap_or(u64::MAX);
     metrics::ACQUIRE_WAIT.record(waited);
-    let mut fences = Vec::with_capacity(names.len());
-    for (key, name) in opened.iter().zip(&names) {
+    let mut fences = Vec::with_capacity(count);
+    for (_, name, key) in &opened {
         match grant_key(ctx, key, name, &grant, now) {
             Ok((fence, lock_id, _)) => {
                 if request.session {
@@ -354,6 +402,7 @@ pub fn serve_ready(ctx: &Context) {
 /// they are single-key acquirers the lock has room for.
 fn serve_queue(ctx: &Context, db: i32, name: &[u8]) {
     loop {
+        drop_lapsed_heads(db, name);
         let head = waiters::queues()
             .single_head(db, name)
             .map(|(id, handle)| (id, *handle));
@@ -380,6 +429,13 @@ fn serve_queue(ctx: &Context, db: i32, name: &[u8]) {
 }
 
 fn serve(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
+    if waiters::queues().has_lapsed(tag, Instant::now()) {
+        // Its wait ran out before the server answered it: a timeout, never a grant.
+        let was_head = heads_a_queue(tag);
+        waiters::remove(tag);
+        settle_others(ctx, tag, was_head);
+        return Some(Ok(timed_out(tag)));
+    }
     if !tag.also.is_empty() {
         return serve_all(ctx, tag);
     }
@@ -570,6 +626,7 @@ fn grant_deferred(ctx: &Context) {
             continue;
         };
         expire_overdue(ctx, &key_name, stored, now);
+        drop_lapsed_heads(*db, name);
         if !waiters::queues().is_head(*db, name, tag.id)
             || !head_admitted(stored, &tag, now).unwrap_or(true)
         {

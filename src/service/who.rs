@@ -63,7 +63,7 @@ fn holder_entry(
 fn waiter_entry<H>(position: usize, waiter: &Waiter<H>) -> Option<Nested> {
     let (request, keys) = match &waiter.kind {
         Kind::Acquire(request) => (request, 1),
-        Kind::AcquireAll { request, keys } => (request, keys.len()),
+        Kind::AcquireAll { request, keys, .. } => (request, keys.len()),
         Kind::Watch { .. } => return None,
     };
     let (mode, limit) = match request.mode {
