@@ -241,3 +241,38 @@ fn evicted_locks_take_their_entries_along() {
     assert!(keys < 20_000, "{keys} lock keys after eviction");
     assert_eq!(entries(&server), keys);
 }
+
+/// The latest time the lease index can name (its marks keep 62 bits).
+const LATEST_INDEX_TIME: u64 = (1 << 62) - 1;
+
+/// A RESTOREd lease due later than the lease index can name is indexed at the latest time it
+/// can, the same time in the index and in the value: DEL takes the entry out.
+#[test]
+fn a_restored_far_future_deadline_leaves_with_its_lock() {
+    let server = Server::start();
+    let mut c = server.conn();
+    let format = LockDumpFormat::learn(&mut c);
+    let deadlines = [
+        LATEST_INDEX_TIME - 1,
+        LATEST_INDEX_TIME,
+        LATEST_INDEX_TIME + 1,
+        1 << 62,
+        (1 << 63) - 1,
+        1 << 63,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    for (i, deadline) in deadlines.iter().enumerate() {
+        let payload = format.payload(&held_fields(1, b"tok", *deadline, 1, 0));
+        assert_eq!(
+            restore(&mut c, &format!("far:{i}"), &payload),
+            Reply::status("OK")
+        );
+        assert_eq!(state_of(&mut c, &format!("far:{i}")), "held");
+    }
+    assert_eq!(entries(&server), deadlines.len() as i64);
+    for i in 0..deadlines.len() {
+        assert_eq!(c.call(&["DEL", &format!("far:{i}")]), Reply::Int(1));
+        assert_eq!(entries(&server), (deadlines.len() - i - 1) as i64, "{i}");
+    }
+}

@@ -17,6 +17,17 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+/// The latest time an entry can have: a lock's value marks its entry's time in 62 bits (see
+/// `service::value`).
+pub const LATEST: u64 = (1 << 62) - 1;
+
+/// The time a lock due at `due` is indexed at: at least 1 (a mark of 0 names no entry), at most
+/// [`LATEST`] (millions of years away: an entry may come due early, never late). Both the index
+/// and the value's mark get the time this gives, so the value always names its entry.
+pub fn entry_time(due: u64) -> u64 {
+    due.clamp(1, LATEST)
+}
+
 /// An entry that came due.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Due {
@@ -469,6 +480,15 @@ mod tests {
         assert_eq!(index.pop_due(150), None);
         index.reindex(0, 7, b"k", Some(200), None);
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn entry_times_stay_within_what_a_mark_can_name() {
+        assert_eq!(entry_time(0), 1);
+        assert_eq!(entry_time(1_764_000_000_000), 1_764_000_000_000);
+        assert_eq!(entry_time(LATEST), LATEST);
+        assert_eq!(entry_time(LATEST + 1), LATEST);
+        assert_eq!(entry_time(u64::MAX), LATEST);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::lock::codec::{self, Sink, Source};
 use crate::lock::core::{Grant, Lock};
 use crate::lock::event::Event;
 use crate::lock::floor;
+use crate::lock::lease_index;
 use crate::metrics;
 
 /// The internal command that restates a lock in the AOF and to replicas.
@@ -74,8 +75,8 @@ pub struct Stored {
     age: Cell<u32>,
 }
 
-/// A lock's entries in the lease index: the time of its entry in the B-tree (0: none), and in
-/// the top bit whether a reclaim of it is queued. Entries may come due early (a look at the
+/// A lock's entries in the lease index: the time of its entry in the B-tree (0: none; see
+/// `lease_index::entry_time`), and in the top bit whether a reclaim of it is queued. Entries may come due early (a look at the
 /// lock, which then gets a new one), never late. The next bit: a free lock's lock-delay, until
 /// `Lock::delayed_until`, is to wake its waiters when it ends (in memory only, derived from
 /// the lock).
@@ -109,9 +110,10 @@ impl IndexMark {
         IndexMark(self.0 & Self::WAKE)
     }
 
+    /// Entry times never exceed `lease_index::LATEST`, which is `AT`: the mark names exactly
+    /// the time the index has.
     fn with_at(self, at: Option<u64>) -> Self {
-        let at = at.map_or(0, |at| at.clamp(1, Self::AT));
-        IndexMark((self.0 & !Self::AT) | at)
+        IndexMark((self.0 & !Self::AT) | at.map_or(0, |at| at & Self::AT))
     }
 
     fn with_wake(self, wake: bool) -> Self {
@@ -126,6 +128,9 @@ impl IndexMark {
         IndexMark(if on { self.0 | flag } else { self.0 & !flag })
     }
 }
+
+// Every time the index can have fits in a mark.
+const _: () = assert!(IndexMark::AT == lease_index::LATEST);
 
 /// What the lease index must do so that a lock comes due in time (see [`Stored::index_plan`]).
 #[derive(Debug, PartialEq, Eq)]
@@ -258,10 +263,10 @@ impl Stored {
         }
     }
 
-    /// When the lease index must look at this lock next: its due time, at least 1 (0 marks no
-    /// entry).
+    /// When the lease index must look at this lock next: its due time, as the index can hold
+    /// it (see `lease_index::entry_time`).
     fn index_time(&self) -> Option<u64> {
-        self.due().map(|due| due.max(1))
+        self.due().map(lease_index::entry_time)
     }
 
     /// Forgets this lock's entries and marks a B-tree entry at its due time, which the caller
@@ -657,6 +662,27 @@ mod tests {
                 new: deadline + 1
             }
         );
+    }
+
+    #[test]
+    fn a_lease_beyond_what_a_mark_holds_is_indexed_and_marked_at_the_latest_time() {
+        let latest = lease_index::LATEST;
+        for deadline in [latest, latest + 1, 1 << 62, 1 << 63, u64::MAX] {
+            let stored = Stored::new(held_until(deadline));
+            assert_eq!(
+                stored.index_plan(),
+                IndexPlan::Move {
+                    old: None,
+                    new: latest
+                },
+                "{deadline}"
+            );
+            stored.indexed_at(latest);
+            assert_eq!(stored.indexed(), Some(latest));
+            assert_eq!(stored.index_plan(), IndexPlan::Keep);
+            assert_eq!(stored.index_afresh(), Some(latest));
+            assert_eq!(stored.indexed(), Some(latest));
+        }
     }
 
     #[test]
