@@ -105,7 +105,7 @@ pub fn clear() {
 /// its logged long holds (`had_long`: it had some) end as deleted. Also takes its lease index
 /// entries out.
 pub fn forget(id: u64, entries: Entries, had_long: bool) {
-    leases::forget(id, entries.at, entries.queued);
+    leases::forget(id, entries.index);
     ages().forget(id, entries.age);
     if had_long {
         log().all_ended(id, "deleted", now_ms());
