@@ -736,3 +736,80 @@ fn the_oldest_hold_of_a_shared_lock_moves_only_when_its_oldest_holder_leaves() {
     assert_eq!(c.call(&["LOCK.RELEASE", "shared", "fourth"]), Reply::Int(1));
     assert_eq!(oldest(), 0);
 }
+
+/// The long-hold log keeps at most 128 bytes of a key name, client name, address or label, as
+/// SLOWLOG keeps of an argument, marked with how many more there were: after the keys are gone,
+/// the log takes little memory however long their names were.
+#[test]
+fn the_long_hold_log_keeps_128_bytes_of_each_name_however_long() {
+    const ENTRIES: usize = 16;
+    const MIB: usize = 1 << 20;
+    // The server's own logs keep a whole client name with each entry: off.
+    let server = Server::start_with(Config::default().with("slowlog-log-slower-than", "-1"));
+    let mut c = server.conn();
+    if server.identity().commandlog() {
+        for log in [
+            "commandlog-request-larger-than",
+            "commandlog-reply-larger-than",
+        ] {
+            assert_eq!(c.call(&["CONFIG", "SET", log, "-1"]), Reply::status("OK"));
+        }
+    }
+    let (addr, id) = client_addr_and_id(&mut c);
+    let name = "n".repeat(MIB);
+    assert_eq!(c.call(&["CLIENT", "SETNAME", &name]), Reply::status("OK"));
+    let label = "l".repeat(128);
+    let key = |i: usize| format!("{i:02}{}", "k".repeat(MIB - 2));
+    let hold = |c: &mut Conn, i: usize| {
+        acquire_with(c, &key(i), TOKEN, 60_000, &["LABEL", &label]).int();
+    };
+    // The same commands once, without a long hold: whatever they allocate for good is counted
+    // before.
+    hold(&mut c, 99);
+    assert_eq!(c.call(&["DEL", &key(99)]), Reply::Int(1));
+    let before = server.info_int("used_memory");
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "100"]),
+        Reply::status("OK")
+    );
+    for i in 0..ENTRIES {
+        hold(&mut c, i);
+    }
+    wait_for("every hold to become long", || {
+        (server.info_int("lock_long_holds") == ENTRIES as i64).then_some(())
+    });
+    let first_tag = server.info_field("lock", "lock_oldest_hold_tag").unwrap();
+    for i in 0..ENTRIES {
+        assert_eq!(c.call(&["DEL", &key(i)]), Reply::Int(1));
+    }
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "0"]),
+        Reply::status("OK")
+    );
+    let grown = server.info_int("used_memory") - before;
+    // Whole, each entry kept its key name and client name: 2 MiB.
+    assert!(
+        grown < (ENTRIES * MIB / 4) as i64,
+        "used_memory grew by {grown} bytes for {ENTRIES} logged holds of deleted keys"
+    );
+    let cut = |text: &str| format!("{}... ({} more bytes)", &text[..128], text.len() - 128);
+    let log = c.call(&["LOCK.LONGHOLDS", "GET", "-1"]);
+    assert_eq!(log.items().len(), ENTRIES);
+    let mut seen = Vec::new();
+    for entry in log.items().iter().map(fields_map) {
+        let i: usize = entry["key"].text()[..2].parse().unwrap();
+        assert_eq!(entry["key"], Reply::Bulk(cut(&key(i)).into_bytes()), "{i}");
+        assert_eq!(entry["client_name"], Reply::Bulk(cut(&name).into_bytes()));
+        assert_eq!(entry["client_addr"].text(), addr);
+        assert_eq!(entry["client_id"], Reply::Int(id));
+        assert_eq!(entry["label"].text(), label);
+        assert_eq!(entry["ended"].text(), "deleted");
+        if i == 0 {
+            // The tag is the whole name's, as INFO showed it.
+            assert_eq!(entry["tag"].text(), first_tag);
+        }
+        seen.push(i);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..ENTRIES).collect::<Vec<_>>());
+}

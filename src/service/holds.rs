@@ -18,7 +18,6 @@ use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
-use crate::lock::core::split_who;
 use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::metrics;
@@ -223,7 +222,6 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let entries = log()
         .newest(count)
         .map(|entry| {
-            let [addr, name, label] = split_who(&entry.who).map(Nested::bulk);
             Nested::Map(vec![
                 ("id", Nested::int(entry.id)),
                 ("time", Nested::int(entry.at / 1000)),
@@ -235,10 +233,10 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     Nested::int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
                 ),
                 ("fence", Nested::int(entry.fence)),
-                ("label", label),
+                ("label", Nested::bulk(&entry.label)),
                 ("client_id", Nested::int(entry.client)),
-                ("client_name", name),
-                ("client_addr", addr),
+                ("client_name", Nested::bulk(&entry.name)),
+                ("client_addr", Nested::bulk(&entry.addr)),
                 ("ended", Nested::word(entry.ended.unwrap_or("held"))),
             ])
         })
