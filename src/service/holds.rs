@@ -20,6 +20,7 @@ use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
 use crate::lock::event::Event;
 use crate::lock::locked;
+use crate::lock::sessions;
 use crate::metrics;
 use crate::service::leases;
 use crate::service::value::{Entries, Stored};
@@ -101,13 +102,16 @@ pub fn clear() {
 }
 
 /// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
-/// its logged long holds (`had_long`: it had some) end as deleted. Also takes its lease index
-/// entries out.
-pub fn forget(id: u64, entries: Entries, had_long: bool) {
+/// its logged long holds end as deleted. Also takes its lease index entry out, and ends its
+/// sessions.
+pub fn forget(id: u64, entries: Entries) {
     leases::forget(id, entries.index);
     ages().forget(id, entries.age);
-    if had_long {
+    if entries.long {
         log().all_ended(id, "deleted", now_ms());
+    }
+    if entries.sessions {
+        sessions::value_freed(id);
     }
 }
 

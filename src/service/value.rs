@@ -32,19 +32,24 @@ pub const APPLY: &CStr = c"LOCK.APPLY";
 /// The next lock id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A freed value's entries in the lease index and the ages of holds.
+/// What a freed value has beside it: its entries in the lease index and the ages of holds, and
+/// whether the long-hold log and the session table have entries of it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Entries {
     /// Its entry in the lease index.
     pub index: Option<Entry>,
     /// Its slot in the ages.
     pub age: Option<AgeSlot>,
+    /// It had long holds.
+    pub long: bool,
+    /// It had session holders.
+    pub sessions: bool,
 }
 
-/// What takes a value's entries out of the lease index and the ages of holds when the value is
-/// freed: its id, its entries, whether it had long holds. Installed at load (those are layers
-/// above); it may be called from a lazy-free thread.
-pub type ForgetEntries = fn(u64, Entries, bool);
+/// What takes a value's entries out of what the module keeps beside it when the value is
+/// freed: its id, its entries. Installed at load (those are layers above); it may be called
+/// from a lazy-free thread.
+pub type ForgetEntries = fn(u64, Entries);
 
 static FORGET_ENTRIES: OnceLock<ForgetEntries> = OnceLock::new();
 
@@ -338,7 +343,8 @@ impl Stored {
 }
 
 /// Whatever frees the value (DEL, an overwrite, eviction, a flush, a reclaim; perhaps on a
-/// lazy-free thread), the gauges and the lease index let go of it here.
+/// lazy-free thread), the gauges, the lease index, the ages, the long-hold log and the session
+/// table let go of it here.
 impl Drop for Stored {
     fn drop(&mut self) {
         metrics::KEYS.add(-1);
@@ -348,12 +354,16 @@ impl Drop for Stored {
         let index = self.indexed();
         if index.is_some() || self.age_slot().is_some() || self.lock.has_holders() {
             if let Some(forget) = FORGET_ENTRIES.get() {
-                let had_long = self.lock.all_holders().any(|(_, h)| h.long);
-                let entries = Entries {
+                let mut entries = Entries {
                     index,
                     age: self.age_slot(),
+                    ..Entries::default()
                 };
-                forget(self.id, entries, had_long);
+                for (_, holder) in self.lock.all_holders() {
+                    entries.long |= holder.long;
+                    entries.sessions |= holder.session;
+                }
+                forget(self.id, entries);
             }
         }
     }
