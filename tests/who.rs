@@ -813,3 +813,80 @@ fn the_long_hold_log_keeps_128_bytes_of_each_name_however_long() {
     seen.sort_unstable();
     assert_eq!(seen, (0..ENTRIES).collect::<Vec<_>>());
 }
+
+/// A client name is the client's to choose, of any length: a grant and a queued waiter keep at
+/// most 128 bytes of it, cut as the long-hold log cuts it. A hold's copy travels with every
+/// change of the hold (the AOF, replicas, RDB), and LOCK.WHO shows what it kept.
+#[test]
+fn a_grant_and_a_waiter_keep_128_bytes_of_a_client_name() {
+    const MIB: usize = 1 << 20;
+    const RENEWALS: usize = 20;
+    let server = Server::start_with(
+        Config::default()
+            .with("appendonly", "yes")
+            .with("slowlog-log-slower-than", "-1"),
+    );
+    let mut holder = server.conn();
+    let mut waiter = server.conn();
+    let (waiter_addr, _) = client_addr_and_id(&mut waiter);
+    let name = "n".repeat(MIB);
+    let cut = format!("{}... ({} more bytes)", &name[..128], MIB - 128);
+    let is_cut = |reply: &Reply| {
+        assert!(
+            *reply == Reply::Bulk(cut.clone().into_bytes()),
+            "a client name of {} bytes",
+            reply.text().len()
+        );
+    };
+    for c in [&mut holder, &mut waiter] {
+        assert_eq!(c.call(&["CLIENT", "SETNAME", &name]), Reply::status("OK"));
+    }
+    acquire_with(&mut holder, "k", TOKEN, 60_000, &["LABEL", "job-7"]).int();
+    // Each renewal writes the hold to the AOF: with the whole name, 1 MiB each.
+    let aof = || server.info_int("aof_current_size");
+    let before = aof();
+    for _ in 0..RENEWALS {
+        assert_eq!(
+            holder.call(&["LOCK.RENEW", "k", TOKEN, "60000"]),
+            Reply::Int(1)
+        );
+    }
+    let grown = aof() - before;
+    assert!(
+        grown < (RENEWALS * 4096) as i64,
+        "the AOF grew by {grown} bytes for {RENEWALS} renewals"
+    );
+    let mut c = server.conn();
+    let usage = c.call(&["MEMORY", "USAGE", "k"]).int();
+    assert!(usage < 4096, "MEMORY USAGE {usage}");
+    waiter.send(&[
+        "LOCK.ACQUIRE",
+        "k",
+        "other",
+        "60000",
+        "WAIT",
+        "60000",
+        "LABEL",
+        "next",
+    ]);
+    wait_blocked(&server, 1);
+    let listed = who(&mut c, &["k"]);
+    let held = &entries(&listed, "holders")[0];
+    is_cut(&held["client_name"]);
+    assert_eq!(held["label"].text(), "job-7");
+    let queued = &entries(&listed, "waiters")[0];
+    is_cut(&queued["client_name"]);
+    assert_eq!(queued["client_addr"].text(), waiter_addr);
+    assert_eq!(queued["label"].text(), "next");
+    // Granted, the waiter's hold keeps the same, after a restart too.
+    assert_eq!(holder.call(&["LOCK.RELEASE", "k", TOKEN]), Reply::Int(1));
+    assert!(matches!(waiter.read(), Reply::Int(_)));
+    let mut server = server;
+    server.shutdown_and_restart();
+    let mut c = server.conn();
+    let listed = who(&mut c, &["k"]);
+    let held = &entries(&listed, "holders")[0];
+    is_cut(&held["client_name"]);
+    assert_eq!(held["client_addr"].text(), waiter_addr);
+    assert_eq!(held["label"].text(), "next");
+}

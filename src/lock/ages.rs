@@ -1,7 +1,7 @@
 //! How old the holds are: every held lock by the grant time of its oldest hold, so the oldest
 //! hold of the whole server is the first entry; and the long-hold log, the holds that lasted
 //! longer than `lock.long-hold`, newest first, bounded like SLOWLOG: in entries, and in the bytes
-//! it keeps of each text (see [`LOGGED_MAX`]).
+//! it keeps of each text (see `lock::kept`).
 //!
 //! Locks are named by their value's id, with a tag of their key (see [`tag_of`]) for the one
 //! place a key must be named without its name: INFO.
@@ -11,6 +11,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
 use crate::lock::core::split_who;
+use crate::lock::kept;
 
 /// A key's tag: a keyed hash of its name, with a key drawn once per process. The same key name
 /// has the same tag in INFO, `LOCK.WHO` and the long-hold log of one server process, whatever
@@ -260,25 +261,14 @@ impl Ages {
 /// How a logged long hold ended; `None` while it lasts.
 pub type Ending = Option<&'static str>;
 
-/// The most bytes the long-hold log keeps of each text (key name, client address, client name,
-/// label), as SLOWLOG keeps of each argument: a longer one is kept as its first `LOGGED_MAX`
-/// bytes followed by `... (N more bytes)`. Key and client names are the clients' to choose, of
-/// any length, and an entry outlives its key and its client: cut, every entry is small, and the
-/// log's memory is bounded by its length.
-pub const LOGGED_MAX: usize = 128;
-
-/// `text` as the long-hold log keeps it (see [`LOGGED_MAX`]).
+/// `text` as the long-hold log keeps it, cut (see `lock::kept`): key and client names are the
+/// clients' to choose, of any length, and an entry outlives its key and its client. Cut, every
+/// entry is small, and the log's memory is bounded by its length.
 fn logged(text: &[u8]) -> Box<[u8]> {
-    match text.get(..LOGGED_MAX) {
-        Some(kept) if text.len() > LOGGED_MAX => {
-            let mark = format!("... ({} more bytes)", text.len() - LOGGED_MAX);
-            [kept, mark.as_bytes()].concat().into_boxed_slice()
-        }
-        _ => text.into(),
-    }
+    kept(text).into()
 }
 
-/// One hold that lasted longer than `lock.long-hold`. Its texts are cut (see [`LOGGED_MAX`]).
+/// One hold that lasted longer than `lock.long-hold`. Its texts are cut (see [`logged`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LongHold {
     /// Unique, increasing.
