@@ -544,3 +544,41 @@ fn a_multi_lock_waiters_turn_during_a_client_pause_waits_for_its_end() {
     assert_eq!(c.call(&["PING"]), Reply::status("PONG"));
     assert_eq!(mrelease(&mut c, &["{t}k", "{t}k2"], "m"), Reply::Int(2));
 }
+
+/// A multi-lock waiter is queued on every key it names, but keeps its first key's name a few
+/// times, not once per other key: a waiter with a long first key and a thousand short ones
+/// takes memory in proportion to what it sent.
+#[test]
+fn a_waiting_multi_lock_keeps_its_first_key_name_a_few_times_only() {
+    const KEYS: usize = 1_000;
+    const LONG: usize = 64 * 1024;
+    let server = Server::start_with(Config::default().with("slowlog-log-slower-than", "-1"));
+    let mut c = server.conn();
+    let others: Vec<String> = (1..KEYS).map(|i| format!("k{i}")).collect();
+    let last = others[KEYS - 2].as_str();
+    acquire(&mut c, last, "holder", 60_000);
+    // The memory a waiter queued on `first` and the others takes.
+    let queued = |first: &str| -> i64 {
+        let keys: Vec<&str> = std::iter::once(first)
+            .chain(others.iter().map(String::as_str))
+            .collect();
+        let mut waiter = server.conn();
+        let before = server.info_int("used_memory");
+        send_macquire(&mut waiter, &keys, "w", "60000");
+        wait_blocked(&server, 1);
+        let grown = server.info_int("used_memory") - before;
+        drop(waiter);
+        wait_blocked(&server, 0);
+        grown
+    };
+    // Once without measuring: what the server keeps for good afterwards is counted before.
+    queued("short");
+    let short = queued("short");
+    let long = queued(&"k".repeat(LONG));
+    // The long name once per other key was 64 MB.
+    assert!(
+        long - short < 16 * LONG as i64,
+        "a blocked multi-lock of {KEYS} keys took {long} bytes with a long first key, {short} \
+         with a short one"
+    );
+}

@@ -1,7 +1,7 @@
 //! A session lock follows its key: renamed, moved or swapped into another database, it is still
 //! released when the connection that took it closes; and the close of that connection never
 //! releases a lock it did not take, whatever now sits under the old name (a restored copy, a new
-//! lock after DEL or FLUSHALL).
+//! lock after DEL or FLUSHALL). A session ends with its lock's value, whatever freed it.
 
 mod common;
 
@@ -121,4 +121,75 @@ fn a_closing_connection_never_releases_a_lock_it_did_not_take() {
         assert_eq!(state_of(&mut c, "k"), "held", "after {how}");
         assert_eq!(c.call(&["FLUSHALL"]), Reply::status("OK"));
     }
+}
+
+/// Sends `commands` pipelined and checks that no reply is an error.
+fn pipeline(c: &mut Conn, commands: &[Vec<String>]) {
+    for batch in commands.chunks(200) {
+        for command in batch {
+            c.send(command);
+        }
+        for command in batch {
+            let reply = c.read();
+            assert!(!reply.is_error(), "{command:?}: {reply:?}");
+        }
+    }
+}
+
+/// A SET, SUNIONSTORE or BITOP over a session lock (which the module hears nothing of) frees
+/// its value, and with it the session: its connection, still open, keeps nothing of a lock that
+/// is gone, while the value written over it lives.
+#[test]
+fn a_session_lock_written_over_keeps_nothing_of_its_session() {
+    const LOCKS: usize = 1_000;
+    let server = Server::start();
+    let mut holder = server.conn();
+    let mut c = server.conn();
+    assert_eq!(c.call(&["SADD", "members", "m"]), Reply::Int(1));
+    assert_eq!(c.call(&["SET", "bits", "x"]), Reply::status("OK"));
+    // Takes LOCKS locks named after `round`, with SESSION or not, writes over each, and tells
+    // how much memory that took.
+    let mut round = |round: &str, session: bool| -> i64 {
+        let before = server.info_int("used_memory");
+        let keys: Vec<String> = (0..LOCKS)
+            .map(|i| format!("{round}:{i}:{}", "k".repeat(4096)))
+            .collect();
+        let acquires: Vec<Vec<String>> = keys
+            .iter()
+            .map(|key| {
+                let mut command = vec!["LOCK.ACQUIRE".into(), key.clone(), "t".into()];
+                command.push("60000".into());
+                if session {
+                    command.push("SESSION".into());
+                }
+                command
+            })
+            .collect();
+        pipeline(&mut holder, &acquires);
+        let overwrites: Vec<Vec<String>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let words: Vec<&str> = match i % 3 {
+                    0 => vec!["SET", key, "v"],
+                    1 => vec!["SUNIONSTORE", key, "members"],
+                    _ => vec!["BITOP", "OR", key, "bits"],
+                };
+                words.into_iter().map(String::from).collect()
+            })
+            .collect();
+        pipeline(&mut c, &overwrites);
+        assert_eq!(server.info_int("lock_keys"), 0);
+        server.info_int("used_memory") - before
+    };
+    round("warm-up", true);
+    let plain = round("plain", false);
+    let with_sessions = round("session", true);
+    // Kept, the sessions took two copies of each 4 KiB key name: 8 MB.
+    assert!(
+        with_sessions - plain < 1 << 20,
+        "{LOCKS} session locks written over took {with_sessions} bytes, plain locks {plain}"
+    );
+    close(&server, holder);
+    assert_eq!(session_released(&server), 0);
 }

@@ -736,3 +736,157 @@ fn the_oldest_hold_of_a_shared_lock_moves_only_when_its_oldest_holder_leaves() {
     assert_eq!(c.call(&["LOCK.RELEASE", "shared", "fourth"]), Reply::Int(1));
     assert_eq!(oldest(), 0);
 }
+
+/// The long-hold log keeps at most 128 bytes of a key name, client name, address or label, as
+/// SLOWLOG keeps of an argument, marked with how many more there were: after the keys are gone,
+/// the log takes little memory however long their names were.
+#[test]
+fn the_long_hold_log_keeps_128_bytes_of_each_name_however_long() {
+    const ENTRIES: usize = 16;
+    const MIB: usize = 1 << 20;
+    // The server's own logs keep a whole client name with each entry: off.
+    let server = Server::start_with(Config::default().with("slowlog-log-slower-than", "-1"));
+    let mut c = server.conn();
+    if server.identity().commandlog() {
+        for log in [
+            "commandlog-request-larger-than",
+            "commandlog-reply-larger-than",
+        ] {
+            assert_eq!(c.call(&["CONFIG", "SET", log, "-1"]), Reply::status("OK"));
+        }
+    }
+    let (addr, id) = client_addr_and_id(&mut c);
+    let name = "n".repeat(MIB);
+    assert_eq!(c.call(&["CLIENT", "SETNAME", &name]), Reply::status("OK"));
+    let label = "l".repeat(128);
+    let key = |i: usize| format!("{i:02}{}", "k".repeat(MIB - 2));
+    let hold = |c: &mut Conn, i: usize| {
+        acquire_with(c, &key(i), TOKEN, 60_000, &["LABEL", &label]).int();
+    };
+    // The same commands once, without a long hold: whatever they allocate for good is counted
+    // before.
+    hold(&mut c, 99);
+    assert_eq!(c.call(&["DEL", &key(99)]), Reply::Int(1));
+    let before = server.info_int("used_memory");
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "100"]),
+        Reply::status("OK")
+    );
+    for i in 0..ENTRIES {
+        hold(&mut c, i);
+    }
+    wait_for("every hold to become long", || {
+        (server.info_int("lock_long_holds") == ENTRIES as i64).then_some(())
+    });
+    let first_tag = server.info_field("lock", "lock_oldest_hold_tag").unwrap();
+    for i in 0..ENTRIES {
+        assert_eq!(c.call(&["DEL", &key(i)]), Reply::Int(1));
+    }
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.long-hold", "0"]),
+        Reply::status("OK")
+    );
+    let grown = server.info_int("used_memory") - before;
+    // Whole, each entry kept its key name and client name: 2 MiB.
+    assert!(
+        grown < (ENTRIES * MIB / 4) as i64,
+        "used_memory grew by {grown} bytes for {ENTRIES} logged holds of deleted keys"
+    );
+    let cut = |text: &str| format!("{}... ({} more bytes)", &text[..128], text.len() - 128);
+    let log = c.call(&["LOCK.LONGHOLDS", "GET", "-1"]);
+    assert_eq!(log.items().len(), ENTRIES);
+    let mut seen = Vec::new();
+    for entry in log.items().iter().map(fields_map) {
+        let i: usize = entry["key"].text()[..2].parse().unwrap();
+        assert_eq!(entry["key"], Reply::Bulk(cut(&key(i)).into_bytes()), "{i}");
+        assert_eq!(entry["client_name"], Reply::Bulk(cut(&name).into_bytes()));
+        assert_eq!(entry["client_addr"].text(), addr);
+        assert_eq!(entry["client_id"], Reply::Int(id));
+        assert_eq!(entry["label"].text(), label);
+        assert_eq!(entry["ended"].text(), "deleted");
+        if i == 0 {
+            // The tag is the whole name's, as INFO showed it.
+            assert_eq!(entry["tag"].text(), first_tag);
+        }
+        seen.push(i);
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..ENTRIES).collect::<Vec<_>>());
+}
+
+/// A client name is the client's to choose, of any length: a grant and a queued waiter keep at
+/// most 128 bytes of it, cut as the long-hold log cuts it. A hold's copy travels with every
+/// change of the hold (the AOF, replicas, RDB), and LOCK.WHO shows what it kept.
+#[test]
+fn a_grant_and_a_waiter_keep_128_bytes_of_a_client_name() {
+    const MIB: usize = 1 << 20;
+    const RENEWALS: usize = 20;
+    let server = Server::start_with(
+        Config::default()
+            .with("appendonly", "yes")
+            .with("slowlog-log-slower-than", "-1"),
+    );
+    let mut holder = server.conn();
+    let mut waiter = server.conn();
+    let (waiter_addr, _) = client_addr_and_id(&mut waiter);
+    let name = "n".repeat(MIB);
+    let cut = format!("{}... ({} more bytes)", &name[..128], MIB - 128);
+    let is_cut = |reply: &Reply| {
+        assert!(
+            *reply == Reply::Bulk(cut.clone().into_bytes()),
+            "a client name of {} bytes",
+            reply.text().len()
+        );
+    };
+    for c in [&mut holder, &mut waiter] {
+        assert_eq!(c.call(&["CLIENT", "SETNAME", &name]), Reply::status("OK"));
+    }
+    acquire_with(&mut holder, "k", TOKEN, 60_000, &["LABEL", "job-7"]).int();
+    // Each renewal writes the hold to the AOF: with the whole name, 1 MiB each.
+    let aof = || server.info_int("aof_current_size");
+    let before = aof();
+    for _ in 0..RENEWALS {
+        assert_eq!(
+            holder.call(&["LOCK.RENEW", "k", TOKEN, "60000"]),
+            Reply::Int(1)
+        );
+    }
+    let grown = aof() - before;
+    assert!(
+        grown < (RENEWALS * 4096) as i64,
+        "the AOF grew by {grown} bytes for {RENEWALS} renewals"
+    );
+    let mut c = server.conn();
+    let usage = c.call(&["MEMORY", "USAGE", "k"]).int();
+    assert!(usage < 4096, "MEMORY USAGE {usage}");
+    waiter.send(&[
+        "LOCK.ACQUIRE",
+        "k",
+        "other",
+        "60000",
+        "WAIT",
+        "60000",
+        "LABEL",
+        "next",
+    ]);
+    wait_blocked(&server, 1);
+    let listed = who(&mut c, &["k"]);
+    let held = &entries(&listed, "holders")[0];
+    is_cut(&held["client_name"]);
+    assert_eq!(held["label"].text(), "job-7");
+    let queued = &entries(&listed, "waiters")[0];
+    is_cut(&queued["client_name"]);
+    assert_eq!(queued["client_addr"].text(), waiter_addr);
+    assert_eq!(queued["label"].text(), "next");
+    // Granted, the waiter's hold keeps the same, after a restart too.
+    assert_eq!(holder.call(&["LOCK.RELEASE", "k", TOKEN]), Reply::Int(1));
+    assert!(matches!(waiter.read(), Reply::Int(_)));
+    let mut server = server;
+    server.shutdown_and_restart();
+    let mut c = server.conn();
+    let listed = who(&mut c, &["k"]);
+    let held = &entries(&listed, "holders")[0];
+    is_cut(&held["client_name"]);
+    assert_eq!(held["client_addr"].text(), waiter_addr);
+    assert_eq!(held["label"].text(), "next");
+}

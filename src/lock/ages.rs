@@ -1,6 +1,7 @@
 //! How old the holds are: every held lock by the grant time of its oldest hold, so the oldest
 //! hold of the whole server is the first entry; and the long-hold log, the holds that lasted
-//! longer than `lock.long-hold`, newest first, bounded like SLOWLOG.
+//! longer than `lock.long-hold`, newest first, bounded like SLOWLOG: in entries, and in the bytes
+//! it keeps of each text (see `lock::kept`).
 //!
 //! Locks are named by their value's id, with a tag of their key (see [`tag_of`]) for the one
 //! place a key must be named without its name: INFO.
@@ -8,6 +9,9 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
+
+use crate::lock::core::split_who;
+use crate::lock::kept;
 
 /// A key's tag: a keyed hash of its name, with a key drawn once per process. The same key name
 /// has the same tag in INFO, `LOCK.WHO` and the long-hold log of one server process, whatever
@@ -257,7 +261,14 @@ impl Ages {
 /// How a logged long hold ended; `None` while it lasts.
 pub type Ending = Option<&'static str>;
 
-/// One hold that lasted longer than `lock.long-hold`.
+/// `text` as the long-hold log keeps it, cut (see `lock::kept`): key and client names are the
+/// clients' to choose, of any length, and an entry outlives its key and its client. Cut, every
+/// entry is small, and the log's memory is bounded by its length.
+fn logged(text: &[u8]) -> Box<[u8]> {
+    kept(text).into()
+}
+
+/// One hold that lasted longer than `lock.long-hold`. Its texts are cut (see [`logged`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LongHold {
     /// Unique, increasing.
@@ -266,13 +277,17 @@ pub struct LongHold {
     pub at: u64,
     pub db: i32,
     pub key: Box<[u8]>,
+    /// The tag of the whole key name.
     pub tag: u64,
     pub fence: u64,
     /// When it was granted, ms since the epoch.
     pub since: u64,
     pub client: u64,
-    /// `addr name label` (see `core::Grant::who`).
-    pub who: Box<[u8]>,
+    /// The address and name of the client it was granted to, and its label (see
+    /// `core::Grant::who`).
+    pub addr: Box<[u8]>,
+    pub name: Box<[u8]>,
+    pub label: Box<[u8]>,
     /// How long it was held: set when it ended.
     pub held_ms: Option<u64>,
     pub ended: Ending,
@@ -317,16 +332,19 @@ impl LongLog {
 
     /// Records a hold that crossed the threshold, keeping at most `max` entries.
     pub fn record(&mut self, crossing: Crossing, max: usize) {
+        let [addr, name, label] = split_who(crossing.who);
         let entry = LongHold {
             id: self.next_id,
             at: crossing.at,
             db: crossing.db,
-            key: crossing.key.into(),
+            key: logged(crossing.key),
             tag: tag_of(crossing.key),
             fence: crossing.fence,
             since: crossing.since,
             client: crossing.client,
-            who: crossing.who.into(),
+            addr: logged(addr),
+            name: logged(name),
+            label: logged(label),
             held_ms: None,
             ended: None,
             lock: crossing.lock,
@@ -476,6 +494,38 @@ mod tests {
             client: 5,
             who: b"127.0.0.1:1 w l",
         }
+    }
+
+    #[test]
+    fn the_log_keeps_at_most_128_bytes_of_each_text_and_says_how_many_it_cut() {
+        let mut log = LongLog::new();
+        let key = [b'k'; 1 << 20];
+        let name = [b'n'; 129];
+        let label = [b'l'; 128];
+        let who = [&b"10.0.0.1:5000 "[..], &name, b" ", &label].concat();
+        log.record(
+            Crossing {
+                key: &key,
+                who: &who,
+                ..crossing(1, 10)
+            },
+            1,
+        );
+        let entry = log.newest(1).next().cloned().expect("an entry");
+        let cut = |byte: u8, more: usize| {
+            let mut text = vec![byte; 128];
+            text.extend_from_slice(format!("... ({more} more bytes)").as_bytes());
+            text.into_boxed_slice()
+        };
+        assert_eq!(entry.key, cut(b'k', (1 << 20) - 128));
+        // The tag is the whole name's.
+        assert_eq!(entry.tag, tag_of(&key));
+        assert_eq!(entry.name, cut(b'n', 1));
+        assert_eq!(&*entry.addr, b"10.0.0.1:5000");
+        assert_eq!(&*entry.label, &label[..]);
+        // Up to the limit, nothing is cut.
+        assert_eq!(&*logged(&key[..128]), &key[..128]);
+        assert_eq!(&*logged(b""), b"");
     }
 
     #[test]

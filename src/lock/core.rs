@@ -5,6 +5,8 @@
 //! `expiry`) calls these functions and turns their outcomes into replies, notifications and
 //! replicated effects.
 
+use std::borrow::Cow;
+
 use crate::error::LockError;
 pub use crate::lock::token::TokenDigest;
 
@@ -65,18 +67,47 @@ pub struct Grant {
     pub client: u64,
     /// The digest of the token that holds (never the token itself).
     token: TokenDigest,
-    /// `addr name label`, separated by single spaces (none of the three has one; each may be
-    /// empty): that client's address and name, and the public label the hold was given (see
+    /// `addr name label`, separated by single spaces (each may be empty; the address and the
+    /// label have no space, a name only in the mark of a cut, see [`recorded_connection`]):
+    /// that client's address and name, and the public label the hold was given (see
     /// [`Grant::who`]).
     text: Box<[u8]>,
 }
 
-/// The parts of a [`Grant::who`] text: address, name, label (each empty when missing). A
-/// connection's `addr name` alone splits into its address and name and an empty label.
+/// The parts of a [`Grant::who`] text: address, name, label (each empty when missing): the
+/// address up to the first space, the label after the last.
 pub fn split_who(who: &[u8]) -> [&[u8]; 3] {
-    let mut parts = who.splitn(3, |b| *b == b' ');
-    let mut next = || parts.next().unwrap_or_default();
-    [next(), next(), next()]
+    let [addr, rest] = split_connection(who);
+    match rest.iter().rposition(|b| *b == b' ') {
+        Some(at) => {
+            let (name, label) = rest.split_at(at);
+            [addr, name, label.get(1..).unwrap_or_default()]
+        }
+        None => [addr, rest, b""],
+    }
+}
+
+/// The parts of a connection's `addr name` (see [`recorded_connection`]): its address, up to
+/// the first space, and its name.
+pub fn split_connection(connection: &[u8]) -> [&[u8]; 2] {
+    match connection.iter().position(|b| *b == b' ') {
+        Some(at) => {
+            let (addr, name) = connection.split_at(at);
+            [addr, name.get(1..).unwrap_or_default()]
+        }
+        None => [connection, b""],
+    }
+}
+
+/// What a grant or a queued waiter records of a connection's `addr name`: the name cut to
+/// `lock::KEPT_BYTES` (see `lock::kept`). A client chooses its name and Redis sets no limit,
+/// while a hold's copy travels with every change of it (the AOF, replicas, RDB).
+pub fn recorded_connection(connection: Vec<u8>) -> Vec<u8> {
+    let [addr, name] = split_connection(&connection);
+    match super::kept(name) {
+        Cow::Owned(cut) => [addr, b" ", &cut].concat(),
+        Cow::Borrowed(_) => connection,
+    }
 }
 
 /// The pieces of `who` for a connection's `addr name` (empty when not known) and a label; none
@@ -1440,6 +1471,54 @@ mod tests {
         holder.holds = 2;
         assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
         assert!(lock.revoke(&dg(b"a"), fence, T0));
+    }
+
+    #[test]
+    fn a_long_client_name_is_recorded_cut_and_read_back_beside_its_address_and_label() {
+        let name = vec![b'n'; 1000];
+        let addr = b"10.0.0.1:5000";
+        let connection = [&addr[..], b" ", &name].concat();
+        let cut = [&name[..128], b"... (872 more bytes)"].concat();
+        let recorded = recorded_connection(connection);
+        assert_eq!(recorded, [&addr[..], b" ", &cut].concat());
+        assert_eq!(split_connection(&recorded), [&addr[..], &cut[..]]);
+        // A name within the limit, or none, or no connection: as it was.
+        for same in [&b"10.0.0.1:5000 worker-1"[..], b"10.0.0.1:5000 ", b""] {
+            assert_eq!(recorded_connection(same.to_vec()), same);
+        }
+        assert_eq!(recorded_connection(recorded.clone()), recorded);
+        for label in [&b"batch-9"[..], b""] {
+            let mut lock = Lock::default();
+            let first = Request {
+                client: 7,
+                connection: &recorded,
+                label,
+                ..request(b"t", 1000, false, 0)
+            };
+            granted(lock.grant(&first, 0, T0));
+            let grant = &lock.holder.as_ref().expect("held").grant;
+            assert_eq!(
+                [grant.addr(), grant.name(), grant.label()],
+                [&addr[..], &cut, label]
+            );
+            // Refreshed from a script (no connection), with a new label: the connection stays.
+            let script = Request {
+                label: b"again",
+                ..request(b"t", 1000, false, 0)
+            };
+            assert!(lock.grant(&script, 0, T0 + 1).is_ok());
+            let grant = &lock.holder.as_ref().expect("held").grant;
+            assert_eq!(
+                [grant.addr(), grant.name(), grant.label()],
+                [&addr[..], &cut, b"again"]
+            );
+        }
+        // Texts without a cut name part as they always did.
+        assert_eq!(split_who(b"a:1 w l"), [&b"a:1"[..], b"w", b"l"]);
+        assert_eq!(split_who(b"a:1 w "), [&b"a:1"[..], b"w", b""]);
+        assert_eq!(split_who(b"  l"), [&b""[..], b"", b"l"]);
+        assert_eq!(split_who(b"a:1 w"), [&b"a:1"[..], b"w", b""]);
+        assert_eq!(split_who(b""), [&b""[..], b"", b""]);
     }
 
     fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'static> {

@@ -2,7 +2,7 @@
 //! due without scanning the keyspace.
 //!
 //! An entry is (deadline, lock id) -> (database handle, key name). A lock id is unique per value
-//! for the life of the process, so the value's own free callback can take its entries out (see
+//! for the life of the process, so the value's own free callback can take its entry out (see
 //! [`LeaseIndex::forget`]) whatever removed it: a deleted, overwritten, evicted or flushed lock
 //! leaves nothing behind. Entries are still hints: one may come due early, and whoever pops an
 //! entry checks the key's value before acting on it.
@@ -12,10 +12,45 @@
 //! stays, so it is appended at the back (no search), and the timer takes from whichever of the
 //! two comes due first.
 //!
+//! A lock has one entry at most, in the B-tree or in the queue, and its value names it (an
+//! [`Entry`]): a new entry replaces the one named, and the value's free callback takes out
+//! exactly the one named.
+//!
 //! Databases are named through handles so that SWAPDB is O(1): it swaps which database two
 //! handles stand for, and every entry follows its data.
 
 use std::collections::{BTreeMap, VecDeque};
+
+/// The latest time an entry can have: a lock's value marks its entry's time in 62 bits (see
+/// `service::value`).
+pub const LATEST: u64 = (1 << 62) - 1;
+
+/// The time a lock due at `due` is indexed at: at least 1 (a mark of 0 names no entry), at most
+/// [`LATEST`] (millions of years away: an entry may come due early, never late). Both the index
+/// and the value's mark get the time this gives, so the value always names its entry.
+pub fn entry_time(due: u64) -> u64 {
+    due.clamp(1, LATEST)
+}
+
+/// A lock's entry: when it comes due, and whether it is a queued reclaim rather than a B-tree
+/// entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub at: u64,
+    pub queued: bool,
+}
+
+impl Entry {
+    /// An entry in the B-tree.
+    pub const fn tree(at: u64) -> Entry {
+        Entry { at, queued: false }
+    }
+
+    /// A queued reclaim.
+    pub const fn queued(at: u64) -> Entry {
+        Entry { at, queued: true }
+    }
+}
 
 /// An entry that came due.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,8 +59,20 @@ pub struct Due {
     /// The lock's id.
     pub id: u64,
     pub key: Box<[u8]>,
+    /// Its time.
+    pub at: u64,
     /// From the reclaim queue, not the B-tree.
     pub queued: bool,
+}
+
+impl Due {
+    /// The entry that came due, as its lock names it.
+    pub fn entry(&self) -> Entry {
+        Entry {
+            at: self.at,
+            queued: self.queued,
+        }
+    }
 }
 
 /// Where a lock is: a database handle and the key name.
@@ -95,8 +142,8 @@ impl ReclaimQueue {
         entry
     }
 
-    /// Removes the reclaim of lock `id` queued at `at`; false when there is none.
-    fn remove(&mut self, at: u64, id: u64) -> bool {
+    /// Removes the reclaim of lock `id` queued at `at`, if there is one.
+    fn remove(&mut self, at: u64, id: u64) -> Option<Reclaim> {
         // Times never decrease from front to back, within and across chunks.
         let first = self
             .chunks
@@ -111,15 +158,15 @@ impl ReclaimQueue {
                 .take_while(|&i| chunk[i].at == at)
                 .find(|&i| chunk[i].id == id);
             if let Some(i) = found {
-                chunk.remove(i);
+                let reclaim = chunk.remove(i);
                 if chunk.is_empty() {
                     self.chunks.remove(c);
                 }
                 self.len -= 1;
-                return true;
+                return reclaim;
             }
         }
-        false
+        None
     }
 
     fn retain(&mut self, keep: impl Fn(&Reclaim) -> bool) {
@@ -195,45 +242,47 @@ impl LeaseIndex {
         self.entries.insert((at, id), place);
     }
 
-    /// Moves the entry of lock `id` from `old` to `new` (either may be absent); a move reuses the
-    /// entry's copy of the key name.
-    pub fn reindex(&mut self, db: i32, id: u64, key: &[u8], old: Option<u64>, new: Option<u64>) {
-        let previous = old.and_then(|old| self.entries.remove(&(old, id)));
-        if let Some(new) = new {
-            let handle = self.handle(db);
-            let place = match previous {
-                Some(place) if place.handle == handle && *place.key == *key => place,
-                _ => self.place(db, key),
-            };
-            self.entries.insert((new, id), place);
-        }
+    /// Replaces the entry `old` of lock `id` (if it has one) by a B-tree entry at `new`, reusing
+    /// its copy of the key name.
+    pub fn reindex(&mut self, db: i32, id: u64, key: &[u8], old: Option<Entry>, new: u64) {
+        let place = self.replacing(old, id, db, key);
+        self.entries.insert((new, id), place);
     }
 
-    /// Queues a reclaim of lock `id` under `key` in `db` at `at`, when no queued one is later;
-    /// false (and nothing queued) otherwise. Its B-tree entry at `tree`, if it has one, is no
-    /// longer needed (the reclaim is all that is due) and leaves the tree: the queued reclaim
-    /// takes its copy of the key name.
-    pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8], tree: Option<u64>) -> bool {
+    /// Replaces the entry `old` of lock `id` (if it has one) by a reclaim queued at `at`, when
+    /// no queued one is later; false (and nothing changed) otherwise. The queued reclaim takes
+    /// the old entry's copy of the key name.
+    pub fn queue(&mut self, at: u64, db: i32, id: u64, key: &[u8], old: Option<Entry>) -> bool {
         if self.queue.back().is_some_and(|last| last.at > at) {
             return false;
         }
-        let handle = self.handle(db);
-        let place = match tree.and_then(|tree| self.entries.remove(&(tree, id))) {
-            Some(place) if place.handle == handle && *place.key == *key => place,
-            _ => self.place(db, key),
-        };
+        let place = self.replacing(old, id, db, key);
         self.queue.push_back(Reclaim { at, id, place });
         true
     }
 
-    /// Takes out the entries of lock `id` (its value is gone): its B-tree entry at `at`, its
-    /// queued reclaim at `queued`. True when the queued one was found (see
-    /// `ReclaimQueue::remove`).
-    pub fn forget(&mut self, id: u64, at: Option<u64>, queued: Option<u64>) -> bool {
-        if let Some(at) = at {
-            self.entries.remove(&(at, id));
+    /// Takes the entry `old` of lock `id` out, and returns the place for its successor: the
+    /// old entry's, when it names the same one.
+    fn replacing(&mut self, old: Option<Entry>, id: u64, db: i32, key: &[u8]) -> Place {
+        let handle = self.handle(db);
+        match old.and_then(|old| self.take(id, old)) {
+            Some(place) if place.handle == handle && *place.key == *key => place,
+            _ => self.place(db, key),
         }
-        queued.is_some_and(|queued| self.queue.remove(queued, id))
+    }
+
+    /// Takes the entry of lock `id` out (its value is gone, or it moved): true when it was
+    /// there.
+    pub fn forget(&mut self, id: u64, entry: Entry) -> bool {
+        self.take(id, entry).is_some()
+    }
+
+    fn take(&mut self, id: u64, entry: Entry) -> Option<Place> {
+        if entry.queued {
+            self.queue.remove(entry.at, id).map(|reclaim| reclaim.place)
+        } else {
+            self.entries.remove(&(entry.at, id))
+        }
     }
 
     /// The earliest entry's time, and whether it is in the queue (not the B-tree).
@@ -270,6 +319,7 @@ impl LeaseIndex {
             db: self.db_of(place.handle),
             id,
             key: place.key,
+            at,
             queued,
         })
     }
@@ -321,19 +371,20 @@ impl LeaseIndex {
 mod tests {
     use super::*;
 
-    fn due(db: i32, id: u64, key: &str) -> Due {
+    fn due(at: u64, db: i32, id: u64, key: &str) -> Due {
         Due {
             db,
             id,
             key: key.as_bytes().into(),
+            at,
             queued: false,
         }
     }
 
-    fn queued(db: i32, id: u64, key: &str) -> Due {
+    fn queued(at: u64, db: i32, id: u64, key: &str) -> Due {
         Due {
             queued: true,
-            ..due(db, id, key)
+            ..due(at, db, id, key)
         }
     }
 
@@ -348,11 +399,11 @@ mod tests {
         assert_eq!(index.len(), 3);
         assert_eq!(index.first_due(), Some(10));
         assert_eq!(index.pop_due(5), None);
-        assert_eq!(index.pop_due(40), Some(queued(0, 2, "early")));
-        assert_eq!(index.pop_due(40), Some(due(0, 1, "held")));
+        assert_eq!(index.pop_due(40), Some(queued(10, 0, 2, "early")));
+        assert_eq!(index.pop_due(40), Some(due(20, 0, 1, "held")));
         assert_eq!(index.first_due(), Some(30));
         assert_eq!(index.pop_due(29), None);
-        assert_eq!(index.pop_due(30), Some(queued(0, 3, "late")));
+        assert_eq!(index.pop_due(30), Some(queued(30, 0, 3, "late")));
         assert!(index.is_empty());
     }
 
@@ -386,8 +437,8 @@ mod tests {
         assert!(index.queue(3, 7, 3, b"seven", None));
         index.swap_dbs(0, 7);
         index.forget_db(Some(5));
-        assert_eq!(index.pop_due(10), Some(queued(7, 1, "zero")));
-        assert_eq!(index.pop_due(10), Some(queued(0, 3, "seven")));
+        assert_eq!(index.pop_due(10), Some(queued(1, 7, 1, "zero")));
+        assert_eq!(index.pop_due(10), Some(queued(3, 0, 3, "seven")));
         assert!(index.queue(4, 0, 4, b"k", None));
         index.forget_db(None);
         assert!(index.is_empty());
@@ -395,7 +446,7 @@ mod tests {
     }
 
     #[test]
-    fn a_freed_lock_takes_its_entry_and_its_queued_reclaim_out() {
+    fn a_freed_lock_takes_its_entry_out_of_the_tree_or_the_queue() {
         let mut index = LeaseIndex::new();
         index.insert(50, 0, 1, b"held");
         index.insert(50, 0, 2, b"other");
@@ -405,36 +456,46 @@ mod tests {
         }
         assert!(index.queue(60, 0, 7, b"released", None));
         assert!(index.queue(70, 0, 8, b"later", None));
-        assert!(!index.forget(1, Some(50), None));
-        assert!(index.forget(7, None, Some(60)));
-        // Not there (any more): nothing else goes.
-        assert!(!index.forget(7, Some(50), Some(60)));
-        assert!(!index.forget(8, None, Some(60)));
+        assert!(index.forget(1, Entry::tree(50)));
+        assert!(index.forget(7, Entry::queued(60)));
+        // Not there (any more), or not of that kind: nothing else goes.
+        assert!(!index.forget(7, Entry::queued(60)));
+        assert!(!index.forget(1, Entry::tree(50)));
+        assert!(!index.forget(8, Entry::queued(60)));
+        assert!(!index.forget(2, Entry::queued(50)));
+        assert!(!index.forget(8, Entry::tree(70)));
         assert_eq!(index.len(), 1 + 2 * CHUNK + 1);
-        assert_eq!(index.pop_due(100), Some(due(0, 2, "other")));
+        assert_eq!(index.pop_due(100), Some(due(50, 0, 2, "other")));
         for id in 100..100 + 2 * CHUNK as u64 {
             assert_eq!(index.pop_due(100).map(|d| d.id), Some(id));
         }
-        assert!(index.forget(8, None, Some(70)));
+        assert!(index.forget(8, Entry::queued(70)));
         assert!(index.is_empty());
         assert!(index.queue.chunks.is_empty());
     }
 
     #[test]
-    fn a_queued_reclaim_takes_the_place_of_the_b_tree_entry() {
+    fn a_new_entry_replaces_the_old_one_of_either_kind() {
         let mut index = LeaseIndex::new();
         index.insert(500, 0, 1, b"released");
         index.insert(600, 0, 2, b"held");
-        assert!(index.queue(100, 0, 1, b"released", Some(500)));
+        // Released: the reclaim takes the lease's place.
+        assert!(index.queue(100, 0, 1, b"released", Some(Entry::tree(500))));
         assert_eq!(index.len(), 2);
-        assert_eq!(index.pop_due(1000), Some(queued(0, 1, "released")));
-        assert_eq!(index.pop_due(1000), Some(due(0, 2, "held")));
+        // Taken again with a lease due before its reclaim: the lease takes the reclaim's place.
+        index.reindex(0, 1, b"released", Some(Entry::queued(100)), 90);
+        assert_eq!(index.len(), 2);
+        assert!(index.queue.is_empty());
+        // Released again: queued once more.
+        assert!(index.queue(150, 0, 1, b"released", Some(Entry::tree(90))));
+        assert_eq!(index.pop_due(1000), Some(queued(150, 0, 1, "released")));
+        assert_eq!(index.pop_due(1000), Some(due(600, 0, 2, "held")));
         // Refused (a later one is queued): the B-tree entry stays.
         index.insert(500, 0, 3, b"refused");
         assert!(index.queue(200, 0, 4, b"later", None));
-        assert!(!index.queue(150, 0, 3, b"refused", Some(500)));
-        assert_eq!(index.pop_due(1000), Some(queued(0, 4, "later")));
-        assert_eq!(index.pop_due(1000), Some(due(0, 3, "refused")));
+        assert!(!index.queue(150, 0, 3, b"refused", Some(Entry::tree(500))));
+        assert_eq!(index.pop_due(1000), Some(queued(200, 0, 4, "later")));
+        assert_eq!(index.pop_due(1000), Some(due(500, 0, 3, "refused")));
         assert!(index.is_empty());
     }
 
@@ -444,7 +505,7 @@ mod tests {
         index.insert(5, 0, 1, b"before");
         index.insert(5, 3, 1, b"after");
         assert_eq!(index.len(), 1);
-        assert_eq!(index.pop_due(5), Some(due(3, 1, "after")));
+        assert_eq!(index.pop_due(5), Some(due(5, 3, 1, "after")));
     }
 
     #[test]
@@ -455,27 +516,37 @@ mod tests {
         index.insert(20, 0, 2, b"b");
         assert_eq!(index.first_due(), Some(10));
         assert_eq!(index.pop_due(9), None);
-        assert_eq!(index.pop_due(20), Some(due(1, 1, "a")));
-        assert_eq!(index.pop_due(20), Some(due(0, 2, "b")));
+        assert_eq!(index.pop_due(20), Some(due(10, 1, 1, "a")));
+        assert_eq!(index.pop_due(20), Some(due(20, 0, 2, "b")));
         assert_eq!(index.pop_due(20), None);
         assert_eq!(index.len(), 1);
     }
 
     #[test]
-    fn reindex_moves_an_entry_and_removes_it_without_a_new_deadline() {
+    fn reindex_moves_an_entry() {
         let mut index = LeaseIndex::new();
-        index.reindex(0, 7, b"k", None, Some(100));
-        index.reindex(0, 7, b"k", Some(100), Some(200));
+        index.reindex(0, 7, b"k", None, 100);
+        index.reindex(0, 7, b"k", Some(Entry::tree(100)), 200);
+        assert_eq!(index.len(), 1);
         assert_eq!(index.pop_due(150), None);
-        index.reindex(0, 7, b"k", Some(200), None);
+        assert!(index.forget(7, Entry::tree(200)));
         assert!(index.is_empty());
+    }
+
+    #[test]
+    fn entry_times_stay_within_what_a_mark_can_name() {
+        assert_eq!(entry_time(0), 1);
+        assert_eq!(entry_time(1_764_000_000_000), 1_764_000_000_000);
+        assert_eq!(entry_time(LATEST), LATEST);
+        assert_eq!(entry_time(LATEST + 1), LATEST);
+        assert_eq!(entry_time(u64::MAX), LATEST);
     }
 
     #[test]
     fn databases_beyond_u16_keep_their_number() {
         let mut index = LeaseIndex::new();
         index.insert(5, 70_000, 1, b"k");
-        assert_eq!(index.pop_due(5), Some(due(70_000, 1, "k")));
+        assert_eq!(index.pop_due(5), Some(due(5, 70_000, 1, "k")));
     }
 
     #[test]
@@ -488,10 +559,10 @@ mod tests {
         index.swap_dbs(3, 9);
         // "zero" went 0 -> 3 -> 9, "three" 3 -> 0.
         index.forget_db(Some(5));
-        assert_eq!(index.pop_due(10), Some(due(9, 1, "zero")));
-        assert_eq!(index.pop_due(10), Some(due(0, 2, "three")));
+        assert_eq!(index.pop_due(10), Some(due(1, 9, 1, "zero")));
+        assert_eq!(index.pop_due(10), Some(due(2, 0, 2, "three")));
         assert_eq!(index.pop_due(10), None);
         index.insert(4, 3, 4, b"new in three");
-        assert_eq!(index.pop_due(10), Some(due(3, 4, "new in three")));
+        assert_eq!(index.pop_due(10), Some(due(4, 3, 4, "new in three")));
     }
 }

@@ -15,6 +15,7 @@
 //! `H` is the blocked-client handle of the host; nothing here touches it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::LockError;
@@ -151,10 +152,11 @@ impl Tag {
 }
 
 /// An acquirer's place in one key's queue: the waiter, or the shadow of a multi-lock waiter
-/// queued on its first key `primary`.
+/// queued on its first key `primary`. The shadows of one waiter share one copy of that name:
+/// a copy each would take up to a thousand times the name the client sent.
 enum Slot<H> {
     Waiter(Waiter<H>),
-    Shadow { primary: Box<[u8]> },
+    Shadow { primary: Arc<[u8]> },
 }
 
 struct Queue<H> {
@@ -256,6 +258,7 @@ impl<H> Queues<H> {
         match tag.watch {
             None => {
                 queue.acquirers.insert(id, Slot::Waiter(waiter));
+                let primary: Arc<[u8]> = Arc::from(&**key);
                 for other in &tag.also {
                     self.dbs
                         .entry(*db)
@@ -266,7 +269,7 @@ impl<H> Queues<H> {
                         .insert(
                             id,
                             Slot::Shadow {
-                                primary: key.clone(),
+                                primary: Arc::clone(&primary),
                             },
                         );
                 }

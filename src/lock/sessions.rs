@@ -10,7 +10,9 @@
 //! other database, and DEL, expiry, eviction, FLUSHDB, FLUSHALL and values put in the key's place
 //! (RESTORE, COPY) end it. Each entry also names the lock value it belongs to (its id), and a
 //! session is only ever released on that value: whatever the table missed, the close of a
-//! connection never frees a lock it did not take.
+//! connection never frees a lock it did not take. And whatever frees that value (a SET or a
+//! `*STORE` over it included, which announce nothing the module listens to) takes its sessions
+//! along ([`value_freed`]), so nothing of a gone lock waits for its connection to close.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,28 +39,37 @@ struct Sessions {
     by_client: HashMap<u64, HashSet<KeyRef>>,
     /// The sessions of a key just renamed or moved away, until its new name is announced.
     moving: Option<Vec<Session>>,
+    /// Lock value id -> the key of its sessions.
+    by_lock: HashMap<u64, KeyRef>,
 }
 
 impl Sessions {
     /// Records `session` on `key`, replacing the session of the same token, and those of an
     /// older value of the key.
     fn insert(&mut self, key: KeyRef, session: Session) {
-        let list = self.by_key.entry(key.clone()).or_default();
-        let mut dropped = Vec::new();
-        list.retain(|s| {
-            let keep = s.token != session.token && s.lock_id == session.lock_id;
-            if !keep {
-                dropped.push(s.client);
-            }
-            keep
+        self.retain(&key, |s| {
+            s.token != session.token && s.lock_id == session.lock_id
         });
         self.by_client
             .entry(session.client)
             .or_default()
             .insert(key.clone());
-        list.push(session);
-        for client in dropped {
-            self.unlink(client, &key);
+        self.by_lock.insert(session.lock_id, key.clone());
+        self.by_key.entry(key).or_default().push(session);
+    }
+
+    /// The sessions in `gone` left the list of `key`: their clients and locks no longer name
+    /// `key`, unless another session there still does.
+    fn left(&mut self, key: &KeyRef, gone: &[Session]) {
+        for session in gone {
+            self.unlink(session.client, key);
+            let lock_stays = self
+                .by_key
+                .get(key)
+                .is_some_and(|list| list.iter().any(|s| s.lock_id == session.lock_id));
+            if !lock_stays && self.by_lock.get(&session.lock_id) == Some(key) {
+                self.by_lock.remove(&session.lock_id);
+            }
         }
     }
 
@@ -81,31 +92,22 @@ impl Sessions {
 
     fn remove(&mut self, key: &KeyRef) -> Option<Vec<Session>> {
         let list = self.by_key.remove(key)?;
-        for session in &list {
-            self.unlink(session.client, key);
-        }
+        self.left(key, &list);
         Some(list)
     }
 
-    /// Keeps the sessions of `key` whose token `holds`.
-    fn retain(&mut self, key: &KeyRef, holds: impl Fn(&TokenDigest) -> bool) {
+    /// Keeps the sessions of `key` that `keep` says to; returns the others.
+    fn retain(&mut self, key: &KeyRef, keep: impl Fn(&Session) -> bool) -> Vec<Session> {
         let Some(list) = self.by_key.get_mut(key) else {
-            return;
+            return Vec::new();
         };
-        let mut dropped = Vec::new();
-        list.retain(|s| {
-            let keep = holds(&s.token);
-            if !keep {
-                dropped.push(s.client);
-            }
-            keep
-        });
+        let (kept, gone): (Vec<Session>, Vec<Session>) = list.drain(..).partition(keep);
+        *list = kept;
         if list.is_empty() {
             self.by_key.remove(key);
         }
-        for client in dropped {
-            self.unlink(client, key);
-        }
+        self.left(key, &gone);
+        gone
     }
 }
 
@@ -154,7 +156,22 @@ pub fn forget(key: &KeyRef) {
 /// Forgets the sessions of `key` whose token no longer holds the lock (a hold was released,
 /// expired or forced).
 pub fn keep_only(key: &KeyRef, holds: impl Fn(&TokenDigest) -> bool) {
-    with(|s| s.retain(key, holds));
+    with(|s| {
+        s.retain(key, |session| holds(&session.token));
+    });
+}
+
+/// The lock value `lock_id` is being freed, by whatever removed it (possibly on a lazy-free
+/// thread): its sessions end.
+pub fn value_freed(lock_id: u64) {
+    if !any() {
+        return;
+    }
+    with(|s| {
+        if let Some(key) = s.by_lock.get(&lock_id).cloned() {
+            s.retain(&key, |session| session.lock_id != lock_id);
+        }
+    });
 }
 
 /// The key was renamed or moved away (`rename_from`, `move_from`): its session waits for
@@ -221,15 +238,7 @@ pub fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
         let keys = s.by_client.remove(&client).unwrap_or_default();
         let mut owned = Vec::new();
         for key in keys {
-            let Some(list) = s.by_key.get_mut(&key) else {
-                continue;
-            };
-            let (mine, others): (Vec<Session>, Vec<Session>) =
-                list.drain(..).partition(|session| session.client == client);
-            *list = others;
-            if list.is_empty() {
-                s.by_key.remove(&key);
-            }
+            let mine = s.retain(&key, |session| session.client != client);
             owned.extend(mine.into_iter().map(|session| (key.clone(), session)));
         }
         owned
@@ -310,6 +319,54 @@ mod tests {
             disconnected(503),
             vec![(key(0, "s6"), session(503, b"x", 9))]
         );
+    }
+
+    #[test]
+    fn a_freed_value_takes_its_sessions_along_wherever_its_key_went() {
+        claim(key(0, "s7"), 601, TokenDigest::of(b"t"), 10);
+        claim(key(0, "s7"), 602, TokenDigest::of(b"u"), 10);
+        claim(key(21, "s8"), 601, TokenDigest::of(b"v"), 11);
+        value_freed(10);
+        assert!(disconnected(602).is_empty());
+        // Swapped into another database first: found there.
+        swapped(21, 22);
+        value_freed(11);
+        assert!(disconnected(601).is_empty());
+        // An unknown value, or one already gone: nothing else ends.
+        claim(key(0, "s9"), 603, TokenDigest::of(b"w"), 12);
+        value_freed(99_999);
+        value_freed(10);
+        assert_eq!(
+            disconnected(603),
+            vec![(key(0, "s9"), session(603, b"w", 12))]
+        );
+    }
+
+    #[test]
+    fn a_lock_is_indexed_while_it_has_a_session_and_no_longer() {
+        let mut s = Sessions::default();
+        s.insert(key(0, "a"), session(1, b"r1", 7));
+        s.insert(key(0, "a"), session(2, b"r2", 7));
+        s.insert(key(0, "b"), session(1, b"t", 8));
+        assert_eq!(s.by_lock.len(), 2);
+        // One of two sessions of lock 7 ends: it is still indexed.
+        s.retain(&key(0, "a"), |session| session.client != 2);
+        assert_eq!(s.by_lock.get(&7), Some(&key(0, "a")));
+        // A new value of "a" replaces lock 7.
+        s.insert(key(0, "a"), session(3, b"x", 9));
+        assert_eq!(s.by_lock.get(&7), None);
+        assert_eq!(s.by_lock.get(&9), Some(&key(0, "a")));
+        // Moved: indexed under the new name.
+        let moving = s.remove(&key(0, "b")).unwrap_or_default();
+        for session in moving {
+            s.insert(key(4, "b"), session);
+        }
+        assert_eq!(s.by_lock.get(&8), Some(&key(4, "b")));
+        s.remove(&key(0, "a"));
+        s.retain(&key(4, "b"), |_| false);
+        assert!(s.by_lock.is_empty());
+        assert!(s.by_key.is_empty());
+        assert!(s.by_client.is_empty());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::lock::codec::State;
 use crate::lock::core::{Acquire, Lock, Mode, Refused, Request, TokenDigest};
 use crate::lock::event::Event;
 use crate::lock::floor;
+use crate::lock::lease_index::Entry;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
 use crate::service::value::{in_key_mut, Stored, APPLY, LOCK_TYPE};
@@ -187,16 +188,16 @@ pub fn reclaim_if_due(
 /// is expired in slices too.
 const EXPIRE_SLICE: usize = 512;
 
-/// The lease index's entry for the lock under `key` (in the selected db) came due: expires it if
-/// its lease has run out, reclaims it if it is free and its tombstone time is up. Only while it
-/// is still the value with id `id`: another lock under this name has an entry of its own.
-/// `queued`: the entry was its queued reclaim.
-pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, queued: bool, now: u64) {
+/// The lease index's entry `entry` for the lock under `key` (in the selected db) came due:
+/// expires it if its lease has run out, reclaims it if it is free and its tombstone time is up.
+/// Only while it is still the value with id `id`: another lock under this name has an entry of
+/// its own.
+pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, entry: Entry, now: u64) {
     let key = ctx.open_key_writable(key_name);
     match in_key_mut(&key) {
         Ok(Some(stored)) if stored.id() == id => {
             // Its entry is gone; whatever is due later gets a new one.
-            stored.entry_came_due(queued);
+            leases::forget(id, stored.entry_came_due(entry));
             // Long holds first: a lease that ran out after its hold became long was one.
             holds::cross(ctx, key_name, stored, now);
             // In slices: holders left overdue keep the entry due now, and the timer comes back

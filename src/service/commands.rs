@@ -136,7 +136,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
-    let connection = connection_of(ctx, client);
+    let connection = core::recorded_connection(connection_of(ctx, client));
     let label = options.label.as_deref().unwrap_or_default();
     let request = core::Request {
         token,

@@ -88,7 +88,7 @@ pub fn on_due(ctx: &Context) {
             // Still the source node's lock: look again later.
             leases::insert(ctx, now + IDLE_RECHECK_MS, due.db, due.id, &due.key);
         } else if select_db(ctx, due.db) {
-            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, due.queued, now);
+            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, due.entry(), now);
         }
         if started.elapsed() >= SLICE {
             more_due = true;

@@ -18,9 +18,9 @@ use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
 use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
-use crate::lock::core::split_who;
 use crate::lock::event::Event;
 use crate::lock::locked;
+use crate::lock::sessions;
 use crate::metrics;
 use crate::service::leases;
 use crate::service::value::{Entries, Stored};
@@ -102,13 +102,16 @@ pub fn clear() {
 }
 
 /// The value of lock `id` is being freed (possibly on a lazy-free thread): its age goes, and
-/// its logged long holds (`had_long`: it had some) end as deleted. Also takes its lease index
-/// entries out.
-pub fn forget(id: u64, entries: Entries, had_long: bool) {
-    leases::forget(id, entries.at, entries.queued);
+/// its logged long holds end as deleted. Also takes its lease index entry out, and ends its
+/// sessions.
+pub fn forget(id: u64, entries: Entries) {
+    leases::forget(id, entries.index);
     ages().forget(id, entries.age);
-    if had_long {
+    if entries.long {
         log().all_ended(id, "deleted", now_ms());
+    }
+    if entries.sessions {
+        sessions::value_freed(id);
     }
 }
 
@@ -223,7 +226,6 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let entries = log()
         .newest(count)
         .map(|entry| {
-            let [addr, name, label] = split_who(&entry.who).map(Nested::bulk);
             Nested::Map(vec![
                 ("id", Nested::int(entry.id)),
                 ("time", Nested::int(entry.at / 1000)),
@@ -235,10 +237,10 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     Nested::int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
                 ),
                 ("fence", Nested::int(entry.fence)),
-                ("label", label),
+                ("label", Nested::bulk(&entry.label)),
                 ("client_id", Nested::int(entry.client)),
-                ("client_name", name),
-                ("client_addr", addr),
+                ("client_name", Nested::bulk(&entry.name)),
+                ("client_addr", Nested::bulk(&entry.addr)),
                 ("ended", Nested::word(entry.ended.unwrap_or("held"))),
             ])
         })

@@ -10,7 +10,7 @@ use redis_module::Context;
 
 use crate::host::server::{is_primary, selected_db};
 use crate::host::timer::{self, Earliest};
-use crate::lock::lease_index::{Due, LeaseIndex};
+use crate::lock::lease_index::{Due, Entry, LeaseIndex};
 use crate::lock::locked;
 use crate::service::value::{IndexPlan, Stored};
 
@@ -43,68 +43,57 @@ fn arm(ctx: &Context, leases: &mut Leases, at: u64) {
     }
 }
 
-/// Moves the entry of lock `id` (under `key` in `db`) from deadline `old` to `new` and makes
-/// sure the timer fires in time.
-fn reindex(ctx: &Context, id: u64, db: i32, key: &[u8], old: Option<u64>, new: Option<u64>) {
-    let mut leases = leases();
-    leases.index.reindex(db, id, key, old, new);
-    if let Some(new) = new {
-        arm(ctx, &mut leases, new);
-    }
-}
-
 /// Makes sure the lock `stored` under `key` (in the selected db) comes due no later than it is
-/// due (see `Stored::index_plan`): a later due time leaves its entry where it is, a reclaim is
-/// queued, an earlier time moves its B-tree entry.
+/// due (see `Stored::index_plan`): a later due time leaves its entry where it is; otherwise a
+/// reclaim is queued or a B-tree entry added, in place of the entry it had.
 pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
-    let (at, old) = match stored.index_plan() {
+    let (db, id) = (selected_db(ctx), stored.id());
+    let mut leases = leases();
+    let entry = match stored.index_plan() {
         IndexPlan::Keep => return,
-        IndexPlan::Queue(at) => {
-            // Only a primary queues (a replica's queue would pile up: its reclaims arrive from
-            // its primary, and then its B-tree entry goes).
-            if is_primary(ctx) {
-                let mut leases = leases();
-                let tree = stored.indexed();
-                if leases
-                    .index
-                    .queue(at, selected_db(ctx), stored.id(), key, tree)
-                {
-                    stored.reclaim_queued();
-                    arm(ctx, &mut leases, at);
-                    return;
-                }
-            }
-            // A replica, or a time before the last queued one (the tombstone time was
-            // shortened): in the B-tree.
-            (at, stored.indexed())
+        // Only a primary queues (a replica's queue would pile up: its reclaims arrive from its
+        // primary, and then its entry goes).
+        IndexPlan::Queue { old, at }
+            if is_primary(ctx) && leases.index.queue(at, db, id, key, old) =>
+        {
+            Entry::queued(at)
         }
-        IndexPlan::Move { old, new } => (new, old),
+        // A replica, or a time before the last queued one (the tombstone time was shortened):
+        // in the B-tree.
+        IndexPlan::Queue { old, at } | IndexPlan::Move { old, new: at } => {
+            leases.index.reindex(db, id, key, old, at);
+            Entry::tree(at)
+        }
     };
-    reindex(ctx, stored.id(), selected_db(ctx), key, old, Some(at));
-    stored.indexed_at(at);
+    stored.set_indexed(Some(entry));
+    arm(ctx, &mut leases, entry.at);
 }
 
 /// The value of lock `id` is being freed, by whatever removed it (DEL, an overwrite, eviction,
-/// a flush, the module's own reclaim), possibly on a lazy-free thread: its B-tree entry at `at`
-/// and its reclaim queued at `queued` leave the index.
-pub fn forget(id: u64, at: Option<u64>, queued: Option<u64>) {
-    leases().index.forget(id, at, queued);
+/// a flush, the module's own reclaim), possibly on a lazy-free thread: its `entry` leaves the
+/// index.
+pub fn forget(id: u64, entry: Option<Entry>) {
+    if let Some(entry) = entry {
+        leases().index.forget(id, entry);
+    }
 }
 
 /// The lock `stored` now lives under `key` in the selected db, without a grant (RENAME, MOVE,
-/// COPY, RESTORE): its entries name the new place, and it comes due in time.
+/// COPY, RESTORE): its entry names the new place, and it comes due in time.
 pub fn arrived(ctx: &Context, stored: &Stored, key: &[u8]) {
-    let db = selected_db(ctx);
-    {
-        let mut leases = leases();
-        if let Some(at) = stored.indexed() {
-            // Same time and id: the entry's place is replaced.
-            leases.index.insert(at, db, stored.id(), key);
+    match stored.indexed() {
+        // Same time and id: the entry's place is replaced.
+        Some(Entry { at, queued: false }) => {
+            leases()
+                .index
+                .insert(at, selected_db(ctx), stored.id(), key);
         }
-        if let Some(queued) = stored.queued_reclaim() {
-            leases.index.forget(stored.id(), None, Some(queued));
-            stored.reclaim_unqueued();
+        // Queued again under its new name, below.
+        Some(queued) => {
+            leases().index.forget(stored.id(), queued);
+            stored.set_indexed(None);
         }
+        None => {}
     }
     follow(ctx, stored, key);
 }
@@ -139,7 +128,7 @@ pub fn is_empty() -> bool {
     leases().index.is_empty()
 }
 
-/// The number of entries in the index (`INFO lock`: at most two per lock key).
+/// The number of entries in the index (`INFO lock`: at most one per lock key).
 pub fn entries() -> usize {
     leases().index.len()
 }

@@ -68,7 +68,7 @@ impl Section for Info {
             .into_iter()
             .map(|(name, value)| (name.to_string(), value))
             .collect();
-        // Beside the gauges: the lease index's entries, at most two per lock key, and the ages
+        // Beside the gauges: the lease index's entries, at most one per lock key, and the ages
         // of the oldest hold and waiter.
         let after_gauges = fields
             .iter()

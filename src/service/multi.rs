@@ -10,7 +10,7 @@ use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
 use crate::host::server::{caller_id, client_id, connection_of, may_block, now_ms, parse_integer};
-use crate::lock::core::{Admit, Mode, Request};
+use crate::lock::core::{recorded_connection, Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
@@ -129,7 +129,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     let now = now_ms();
     let client = caller_id(ctx);
-    let connection = connection_of(ctx, client);
+    let connection = recorded_connection(connection_of(ctx, client));
     let label = options.label.as_deref().unwrap_or_default();
     let request = Request {
         token,

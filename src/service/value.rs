@@ -23,6 +23,7 @@ use crate::lock::codec::{self, Sink, Source};
 use crate::lock::core::{Grant, Lock};
 use crate::lock::event::Event;
 use crate::lock::floor;
+use crate::lock::lease_index::{self, Entry};
 use crate::metrics;
 
 /// The internal command that restates a lock in the AOF and to replicas.
@@ -31,21 +32,24 @@ pub const APPLY: &CStr = c"LOCK.APPLY";
 /// The next lock id.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A freed value's entries in the lease index and the ages of holds.
+/// What a freed value has beside it: its entries in the lease index and the ages of holds, and
+/// whether the long-hold log and the session table have entries of it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Entries {
-    /// The time of its B-tree entry.
-    pub at: Option<u64>,
-    /// The time of its queued reclaim.
-    pub queued: Option<u64>,
+    /// Its entry in the lease index.
+    pub index: Option<Entry>,
     /// Its slot in the ages.
     pub age: Option<AgeSlot>,
+    /// It had long holds.
+    pub long: bool,
+    /// It had session holders.
+    pub sessions: bool,
 }
 
-/// What takes a value's entries out of the lease index and the ages of holds when the value is
-/// freed: its id, its entries, whether it had long holds. Installed at load (those are layers
-/// above); it may be called from a lazy-free thread.
-pub type ForgetEntries = fn(u64, Entries, bool);
+/// What takes a value's entries out of what the module keeps beside it when the value is
+/// freed: its id, its entries. Installed at load (those are layers above); it may be called
+/// from a lazy-free thread.
+pub type ForgetEntries = fn(u64, Entries);
 
 static FORGET_ENTRIES: OnceLock<ForgetEntries> = OnceLock::new();
 
@@ -74,11 +78,11 @@ pub struct Stored {
     age: Cell<u32>,
 }
 
-/// A lock's entries in the lease index: the time of its entry in the B-tree (0: none), and in
-/// the top bit whether a reclaim of it is queued. Entries may come due early (a look at the
-/// lock, which then gets a new one), never late. The next bit: a free lock's lock-delay, until
-/// `Lock::delayed_until`, is to wake its waiters when it ends (in memory only, derived from
-/// the lock).
+/// A lock's one entry in the lease index: its time in the low 62 bits (0: none; see
+/// `lease_index::entry_time`), and in the top bit whether it is a queued reclaim rather than a
+/// B-tree entry. Entries may come due early (a look at the lock, which then gets a new one),
+/// never late. The next bit: a free lock's lock-delay, until `Lock::delayed_until`, is to wake
+/// its waiters when it ends (in memory only, derived from the lock).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct IndexMark(u64);
 
@@ -87,56 +91,49 @@ impl IndexMark {
     const WAKE: u64 = 1 << 62;
     const AT: u64 = !(Self::QUEUED | Self::WAKE);
 
-    fn at(self) -> Option<u64> {
-        Some(self.0 & Self::AT).filter(|at| *at != 0)
-    }
-
-    fn queued(self) -> bool {
-        self.0 & Self::QUEUED != 0
+    fn entry(self) -> Option<Entry> {
+        let at = self.0 & Self::AT;
+        (at != 0).then_some(Entry {
+            at,
+            queued: self.0 & Self::QUEUED != 0,
+        })
     }
 
     fn wake(self) -> bool {
         self.0 & Self::WAKE != 0
     }
 
-    /// True when it names an entry in the index.
-    fn has_entries(self) -> bool {
-        self.at().is_some() || self.queued()
-    }
-
-    /// No entry in the index (the wake-up stays).
-    fn without_entries(self) -> Self {
-        IndexMark(self.0 & Self::WAKE)
-    }
-
-    fn with_at(self, at: Option<u64>) -> Self {
-        let at = at.map_or(0, |at| at.clamp(1, Self::AT));
-        IndexMark((self.0 & !Self::AT) | at)
+    /// It names `entry` (the wake-up stays). Entry times never exceed `lease_index::LATEST`,
+    /// which is `AT`: the mark names exactly the time the index has.
+    fn with_entry(self, entry: Option<Entry>) -> Self {
+        let bits = entry.map_or(0, |entry| {
+            (entry.at & Self::AT) | if entry.queued { Self::QUEUED } else { 0 }
+        });
+        IndexMark((self.0 & Self::WAKE) | bits)
     }
 
     fn with_wake(self, wake: bool) -> Self {
-        self.with_flag(Self::WAKE, wake)
-    }
-
-    fn with_queued(self, queued: bool) -> Self {
-        self.with_flag(Self::QUEUED, queued)
-    }
-
-    fn with_flag(self, flag: u64, on: bool) -> Self {
-        IndexMark(if on { self.0 | flag } else { self.0 & !flag })
+        IndexMark(if wake {
+            self.0 | Self::WAKE
+        } else {
+            self.0 & !Self::WAKE
+        })
     }
 }
 
+// Every time the index can have fits in a mark.
+const _: () = assert!(IndexMark::AT == lease_index::LATEST);
+
 /// What the lease index must do so that a lock comes due in time (see [`Stored::index_plan`]).
+/// Either new entry replaces the lock's entry `old` (then [`Stored::set_indexed`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum IndexPlan {
     /// An entry already comes due no later than the lock.
     Keep,
-    /// Queue a reclaim at this time (then [`Stored::reclaim_queued`]), or if the queue refuses
-    /// it, move the B-tree entry there.
-    Queue(u64),
-    /// Move the B-tree entry from `old` (none: add one) to `new` (then [`Stored::indexed_at`]).
-    Move { old: Option<u64>, new: u64 },
+    /// Queue a reclaim at `at`, or if the queue refuses it, add a B-tree entry there.
+    Queue { old: Option<Entry>, at: u64 },
+    /// Add a B-tree entry at `new`.
+    Move { old: Option<Entry>, new: u64 },
 }
 
 /// A point in time (ms since the epoch, or monotonic µs), never 0: an `Option` of it takes 8
@@ -232,90 +229,55 @@ impl Stored {
     }
 
     /// What the lease index must do so that this lock comes due no later than [`Stored::due`].
-    /// A later due time (a renewal, a grant of a free lock) needs nothing: the entry comes due
-    /// early and the lock gets a new one then. A free lock due only for reclaim, and not yet
-    /// queued for it, is queued (a release: no search in the B-tree). Anything else earlier moves
-    /// the B-tree entry.
+    /// A later due time (a renewal, a grant of a free lock, a reclaim postponed) needs nothing:
+    /// the entry comes due early and the lock gets a new one then. A free lock due only for
+    /// reclaim is queued (a release: no search in the B-tree). Anything else earlier gets a
+    /// B-tree entry. Either replaces the entry the lock had, so that it has one at most.
     pub fn index_plan(&self) -> IndexPlan {
         let Some(due) = self.index_time() else {
             return IndexPlan::Keep;
         };
-        let mark = self.index_mark.get();
-        if mark.at().is_some_and(|at| at <= due) {
+        let old = self.indexed();
+        if old.is_some_and(|old| old.at <= due) {
             return IndexPlan::Keep;
         }
-        // Due for reclaim only: its reclaim time never goes back while it stays free, so a
-        // queued reclaim is still in time.
         if !self.lock.has_holders() && self.wake_at().is_none() {
-            if mark.queued() {
-                return IndexPlan::Keep;
-            }
-            return IndexPlan::Queue(due);
+            return IndexPlan::Queue { old, at: due };
         }
-        IndexPlan::Move {
-            old: mark.at(),
-            new: due,
-        }
+        IndexPlan::Move { old, new: due }
     }
 
-    /// When the lease index must look at this lock next: its due time, at least 1 (0 marks no
-    /// entry).
+    /// When the lease index must look at this lock next: its due time, as the index can hold
+    /// it (see `lease_index::entry_time`).
     fn index_time(&self) -> Option<u64> {
-        self.due().map(|due| due.max(1))
+        self.due().map(lease_index::entry_time)
     }
 
-    /// Forgets this lock's entries and marks a B-tree entry at its due time, which the caller
+    /// Forgets this lock's entry and marks a B-tree entry at its due time, which the caller
     /// adds (rebuilding the index after loading); that time, or `None` when nothing is due.
     pub fn index_afresh(&self) -> Option<u64> {
         let at = self.index_time();
-        self.index_mark
-            .set(self.index_mark.get().without_entries().with_at(at));
+        self.set_indexed(at.map(Entry::tree));
         at
     }
 
-    /// The lease index now has this lock's B-tree entry at `at`.
-    pub fn indexed_at(&self, at: u64) {
-        self.index_mark.set(self.index_mark.get().with_at(Some(at)));
+    /// This lock's entry in the lease index, if it has one.
+    pub fn indexed(&self) -> Option<Entry> {
+        self.index_mark.get().entry()
     }
 
-    /// The lease index has queued a reclaim of this lock, and its B-tree entry (if it had
-    /// one) left the tree (see `LeaseIndex::queue`).
-    pub fn reclaim_queued(&self) {
-        self.index_mark
-            .set(self.index_mark.get().with_at(None).with_queued(true));
+    /// The lease index now has `entry` for this lock, and no other (`None`: none).
+    pub fn set_indexed(&self, entry: Option<Entry>) {
+        self.index_mark.set(self.index_mark.get().with_entry(entry));
     }
 
-    /// The time of this lock's entry in the lease index's B-tree, if it has one.
-    pub fn indexed(&self) -> Option<u64> {
-        self.index_mark.get().at()
-    }
-
-    /// One of this lock's entries came due (`queued`: its queued reclaim): the lock no longer
-    /// counts on it. A B-tree entry that came due is the one the mark names, or one the timer
-    /// put off (a slot being imported), so both marks go and the lock is indexed afresh.
-    pub fn entry_came_due(&self, queued: bool) {
-        let mark = self.index_mark.get();
-        self.index_mark.set(if queued {
-            mark.with_queued(false)
-        } else {
-            mark.without_entries()
-        });
-    }
-
-    /// The time of this lock's queued reclaim, if one is queued: its reclaim time when it was
-    /// queued. (A reclaim postponed or taken over by a new hold since then is not found by it:
-    /// that entry stays until its time, at most `lock.tombstone-ttl` after the release.)
-    pub fn queued_reclaim(&self) -> Option<u64> {
-        if !self.index_mark.get().queued() {
-            return None;
-        }
-        self.reclaim_at().map(|at| at.get().max(1))
-    }
-
-    /// Its queued reclaim was taken out of the index.
-    pub fn reclaim_unqueued(&self) {
-        self.index_mark
-            .set(self.index_mark.get().with_queued(false));
+    /// The entry `due` of this lock came due: the lock has none from now on, and is indexed
+    /// afresh. Returns the entry it named if that is another one (only after the timer put an
+    /// entry off, for a slot being imported): the caller takes that one out of the index too.
+    pub fn entry_came_due(&self, due: Entry) -> Option<Entry> {
+        let named = self.indexed().filter(|named| *named != due);
+        self.set_indexed(None);
+        named
     }
 
     pub fn lock(&self) -> &Lock {
@@ -381,23 +343,27 @@ impl Stored {
 }
 
 /// Whatever frees the value (DEL, an overwrite, eviction, a flush, a reclaim; perhaps on a
-/// lazy-free thread), the gauges and the lease index let go of it here.
+/// lazy-free thread), the gauges, the lease index, the ages, the long-hold log and the session
+/// table let go of it here.
 impl Drop for Stored {
     fn drop(&mut self) {
         metrics::KEYS.add(-1);
         if self.lock.has_holders() {
             metrics::HELD.add(-1);
         }
-        let mark = self.index_mark.get();
-        if mark.has_entries() || self.age_slot().is_some() || self.lock.has_holders() {
+        let index = self.indexed();
+        if index.is_some() || self.age_slot().is_some() || self.lock.has_holders() {
             if let Some(forget) = FORGET_ENTRIES.get() {
-                let had_long = self.lock.all_holders().any(|(_, h)| h.long);
-                let entries = Entries {
-                    at: mark.at(),
-                    queued: self.queued_reclaim(),
+                let mut entries = Entries {
+                    index,
                     age: self.age_slot(),
+                    ..Entries::default()
                 };
-                forget(self.id, entries, had_long);
+                for (_, holder) in self.lock.all_holders() {
+                    entries.long |= holder.long;
+                    entries.sessions |= holder.session;
+                }
+                forget(self.id, entries);
             }
         }
     }
@@ -593,19 +559,18 @@ mod tests {
     }
 
     #[test]
-    fn the_lease_index_moves_to_earlier_times_only_and_queues_reclaims() {
+    fn a_lock_has_one_entry_which_moves_to_earlier_times_only() {
         let deadline = now_ms() + 3_600_000;
         let mut stored = Stored::new(held_until(deadline));
         assert_eq!(stored.indexed(), None);
-        let plan = stored.index_plan();
         assert_eq!(
-            plan,
+            stored.index_plan(),
             IndexPlan::Move {
                 old: None,
                 new: deadline
             }
         );
-        stored.indexed_at(deadline);
+        stored.set_indexed(Some(Entry::tree(deadline)));
         assert_eq!(stored.index_plan(), IndexPlan::Keep);
         // A renewal: the entry comes due early and is looked at then.
         stored.update(|lock| set_deadline(lock, deadline + 60_000));
@@ -615,58 +580,90 @@ mod tests {
         assert_eq!(
             stored.index_plan(),
             IndexPlan::Move {
-                old: Some(deadline),
+                old: Some(Entry::tree(deadline)),
                 new: deadline - 60_000
             }
         );
-        stored.indexed_at(deadline - 60_000);
-        // A release: due for reclaim only, before the deadline: queued.
+        stored.set_indexed(Some(Entry::tree(deadline - 60_000)));
+        // A release: due for reclaim only, before the deadline: queued in the entry's place.
         stored.update(|lock| lock.holder = None);
         let reclaim = stored.due().expect("a free lock is due for reclaim");
         assert!(reclaim < deadline - 60_000);
-        assert_eq!(stored.index_plan(), IndexPlan::Queue(reclaim));
-        stored.reclaim_queued();
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
-        // The reclaim took the B-tree entry's place.
-        assert_eq!(stored.indexed(), None);
-        // Taken again: in the B-tree once more.
-        stored.update(|lock| *lock = held_until(deadline));
         assert_eq!(
             stored.index_plan(),
-            IndexPlan::Move {
-                old: None,
-                new: deadline
+            IndexPlan::Queue {
+                old: Some(Entry::tree(deadline - 60_000)),
+                at: reclaim
             }
         );
-        stored.indexed_at(deadline);
-        // Released and taken again while the reclaim is queued: nothing to do.
+        stored.set_indexed(Some(Entry::queued(reclaim)));
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        // Taken again with a lease due after the reclaim: the reclaim comes due first.
+        stored.update(|lock| *lock = held_until(reclaim + 1));
+        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        // Released again (a later reclaim), and taken again with a lease due before the queued
+        // reclaim: the lease's entry replaces it.
         stored.update(|lock| lock.holder = None);
         assert_eq!(stored.index_plan(), IndexPlan::Keep);
-        stored.update(|lock| *lock = held_until(deadline + 1));
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
-        // The queued reclaim came due while held: the B-tree entry still counts.
-        stored.entry_came_due(true);
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
-        // The B-tree entry came due: indexed afresh.
-        stored.entry_came_due(false);
+        stored.update(|lock| *lock = held_until(reclaim - 1));
+        assert_eq!(
+            stored.index_plan(),
+            IndexPlan::Move {
+                old: Some(Entry::queued(reclaim)),
+                new: reclaim - 1
+            }
+        );
+        stored.set_indexed(Some(Entry::tree(reclaim - 1)));
+        // The entry came due: the lock is indexed afresh.
+        assert_eq!(stored.entry_came_due(Entry::tree(reclaim - 1)), None);
         assert_eq!(stored.indexed(), None);
         assert_eq!(
             stored.index_plan(),
             IndexPlan::Move {
                 old: None,
-                new: deadline + 1
+                new: reclaim - 1
             }
         );
+        // An entry the timer put off came due: the one the lock names is to go too.
+        stored.set_indexed(Some(Entry::tree(reclaim - 1)));
+        assert_eq!(
+            stored.entry_came_due(Entry::tree(reclaim + 100)),
+            Some(Entry::tree(reclaim - 1))
+        );
+        assert_eq!(stored.indexed(), None);
+    }
+
+    #[test]
+    fn a_lease_beyond_what_a_mark_holds_is_indexed_and_marked_at_the_latest_time() {
+        let latest = lease_index::LATEST;
+        for deadline in [latest, latest + 1, 1 << 62, 1 << 63, u64::MAX] {
+            let stored = Stored::new(held_until(deadline));
+            assert_eq!(
+                stored.index_plan(),
+                IndexPlan::Move {
+                    old: None,
+                    new: latest
+                },
+                "{deadline}"
+            );
+            stored.set_indexed(Some(Entry::tree(latest)));
+            assert_eq!(stored.indexed(), Some(Entry::tree(latest)));
+            assert_eq!(stored.index_plan(), IndexPlan::Keep);
+            stored.set_indexed(Some(Entry::queued(latest)));
+            assert_eq!(stored.indexed(), Some(Entry::queued(latest)));
+            assert_eq!(stored.index_afresh(), Some(latest));
+            assert_eq!(stored.indexed(), Some(Entry::tree(latest)));
+        }
     }
 
     #[test]
     fn a_free_lock_in_a_lock_delay_is_not_left_to_its_queued_reclaim() {
         let now = now_ms();
         let mut stored = Stored::new(held_until(now + 3_600_000));
-        // Released once (a reclaim queued), then taken again (a B-tree entry).
-        stored.reclaim_queued();
-        stored.indexed_at(now + 3_600_000);
-        // Its lease ran out with a lock-delay: the end of the delay is due first.
+        // Released once (a reclaim queued), then taken again with a longer lease.
+        stored.set_indexed(Some(Entry::queued(now + 10_000)));
+        // Its lease ran out with a lock-delay: the end of the delay is due first, in the
+        // reclaim's place.
         stored.update(|lock| {
             lock.holder = None;
             lock.delayed_until = now + 500;
@@ -675,9 +672,17 @@ mod tests {
         assert_eq!(
             stored.index_plan(),
             IndexPlan::Move {
-                old: Some(now + 3_600_000),
+                old: Some(Entry::queued(now + 10_000)),
                 new: now + 500
             }
         );
+        stored.set_indexed(Some(Entry::tree(now + 500)));
+        // The delay ended: its waiters are served, and the lock is queued for its reclaim.
+        assert_eq!(stored.entry_came_due(Entry::tree(now + 500)), None);
+        assert!(stored.take_wake(now + 500));
+        assert!(matches!(
+            stored.index_plan(),
+            IndexPlan::Queue { old: None, .. }
+        ));
     }
 }

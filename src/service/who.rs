@@ -8,7 +8,7 @@ use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::server::{is_connected_at, is_primary, now_ms};
 use crate::lock::ages::{tag_of, tag_text};
-use crate::lock::core::{split_who, Grant, Holder, Mode};
+use crate::lock::core::{split_connection, Grant, Holder, Mode};
 use crate::lock::queues::{Kind, Waiter};
 use crate::service::args;
 use crate::service::handoff::fence_reply;
@@ -71,7 +71,7 @@ fn waiter_entry<H>(position: usize, waiter: &Waiter<H>) -> Option<Nested> {
         Mode::Shared => ("shared", 0),
         Mode::Permit(limit) => ("permit", limit),
     };
-    let [addr, name, _] = split_who(&request.connection);
+    let [addr, name] = split_connection(&request.connection);
     let timeout = waiter.until.map_or(-1, |until| {
         let left = until.saturating_duration_since(Instant::now());
         i64::try_from(left.as_millis()).unwrap_or(i64::MAX)

@@ -100,7 +100,7 @@ const LATENCIES: [&str; 6] = [
     "lock_hold_max_us",
 ];
 
-/// The lease index's size: at most two entries per lock key (tests/deleted.rs holds it exact).
+/// The lease index's size: at most one entry per lock key (tests/deleted.rs holds it exact).
 const INDEX: [&str; 1] = ["lock_index_entries"];
 
 const WARNINGS: [&str; 2] = [
