@@ -204,34 +204,35 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 None => Ok(RedisValue::Integer(fence_reply(fence))),
             }
         }
-        Acquire::Busy => match options.wait {
-            Some(timeout) if may_block(ctx) => {
-                let (db, name) = waiters::key_ref(ctx, key_name);
-                let max = config::MAX_WAITERS.get();
-                let queued = waiters::queues().acquirers_on(db, &name);
-                if i64::try_from(queued).map_or(true, |n| n >= max) {
-                    metrics::ACQUIRE_CONTENDED.incr();
-                    return Err(LockError::TooManyWaiters { max });
+        Acquire::Busy => {
+            // Found taken: counted here, once, whatever follows (nil, a full queue, a wait that
+            // ends in a grant or a timeout), as LOCK.MACQUIRE counts.
+            metrics::ACQUIRE_CONTENDED.incr();
+            match options.wait {
+                Some(timeout) if may_block(ctx) => {
+                    let (db, name) = waiters::key_ref(ctx, key_name);
+                    let max = config::MAX_WAITERS.get();
+                    let queued = waiters::queues().acquirers_on(db, &name);
+                    if i64::try_from(queued).map_or(true, |n| n >= max) {
+                        return Err(LockError::TooManyWaiters { max });
+                    }
+                    let request = Request {
+                        token: token.into(),
+                        ttl,
+                        reentrant: options.reentrant,
+                        session: options.session,
+                        delay: request.delay,
+                        mode: request.mode,
+                        client,
+                        sync: options.sync,
+                        label: label.into(),
+                        connection: connection.as_slice().into(),
+                    };
+                    handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
                 }
-                let request = Request {
-                    token: token.into(),
-                    ttl,
-                    reentrant: options.reentrant,
-                    session: options.session,
-                    delay: request.delay,
-                    mode: request.mode,
-                    client,
-                    sync: options.sync,
-                    label: label.into(),
-                    connection: connection.as_slice().into(),
-                };
-                handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
+                _ => Ok(RedisValue::Null),
             }
-            _ => {
-                metrics::ACQUIRE_CONTENDED.incr();
-                Ok(RedisValue::Null)
-            }
-        },
+        }
     }
 }
 
