@@ -9,8 +9,8 @@ use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{
-    caller_id, client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
-    persistence,
+    caller_id, client_id, connection_of, is_loading, is_primary, is_replayed, may_block, now_ms,
+    parse_integer, persistence,
 };
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Grant, Lock, Mode};
@@ -95,11 +95,16 @@ impl crate::host::command::DeclaresKeys for LockGuard {
     }
 }
 
-/// SYNC and FSYNC need a client that can wait, and FSYNC an AOF.
+/// SYNC and FSYNC need a primary (a writable replica runs writes too, but what it changes
+/// reaches no other replica and its primary's next sync replaces it), a client that can wait,
+/// and FSYNC an AOF.
 fn check_sync(ctx: &Context, sync: Option<SyncRequest>) -> Result<(), LockError> {
     let Some(sync) = sync else {
         return Ok(());
     };
+    if !is_primary(ctx) {
+        return Err(LockError::SyncOnReplica);
+    }
     let fsync_alone = sync.fsync_ms.is_some() && sync.replicas == 0 && sync.timeout_ms == 0;
     if !may_block(ctx) {
         return Err(if fsync_alone {
