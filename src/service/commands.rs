@@ -130,6 +130,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(ctx, options, 4)?;
     check_sync(ctx, options.sync)?;
+    waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
