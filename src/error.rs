@@ -67,6 +67,14 @@ pub enum LockError {
     FsyncCannotWait,
     /// FSYNC on a server without the AOF.
     FsyncNeedsAof,
+    /// SYNC or FSYNC sent to a (writable) replica, whose changes reach no other replica and
+    /// give way to its primary's data at the next sync.
+    SyncOnReplica,
+    /// WAIT sent to a (writable) replica, which grants nothing from a queue.
+    WaitOnReplica,
+    /// A SYNC or FSYNC wait still blocked when its server became a replica (which Redis
+    /// normally answers itself): the outcome is the new primary's to tell.
+    NoLongerPrimary,
     /// LOCK.APPLY or LOCK.FLOOR sent by a client instead of the replication link or AOF.
     InternalCommand(&'static str),
     /// A malformed LOCK.APPLY (from a corrupted AOF, say).
@@ -171,6 +179,16 @@ impl LockError {
                  WAITAOF after EXEC instead"
                 .into(),
             LockError::FsyncNeedsAof => "ERR FSYNC needs appendonly yes".into(),
+            LockError::SyncOnReplica => "ERR SYNC and FSYNC cannot be kept on a replica, whose \
+                 changes its primary's next sync replaces: send the command to the primary"
+                .into(),
+            LockError::WaitOnReplica => "ERR WAIT cannot queue on a replica, which grants \
+                 nothing from a queue: send the command to the primary"
+                .into(),
+            LockError::NoLongerPrimary => "UNBLOCKED this server became a replica while the \
+                 change waited for acknowledgement: send the command to the primary, with the \
+                 same token"
+                .into(),
             LockError::InternalCommand(name) => format!(
                 "ERR {name} is internal: only the replication link and AOF loading may send it"
             ),

@@ -218,7 +218,10 @@ pub static COMMANDS: &[CommandDef] = &[
                 ArgDef::new(c"reset", ArgKind::PureToken).token(c"RESET"),
             ]),
         )],
-        acl: c"",
+        // An operator's command, as SLOWLOG is: its entries name every application's keys and
+        // RESET empties what the runbook reads. The `admin` flag puts a module command in no
+        // category, so `-@admin` and `-@dangerous` deny it only through these.
+        acl: c"admin dangerous",
         since: c"0.2.0",
     },
     CommandDef {

@@ -343,3 +343,108 @@ fn an_unrefreshed_grant_is_taken_back_and_an_unblocked_client_hears_its_fate() {
         }
     }
 }
+
+/// A replica cannot keep SYNC's or FSYNC's promise: nothing it changes reaches the primary's
+/// replicas, and its primary's next sync replaces it. A writable replica refuses both at once,
+/// whatever else the call asks, and changes nothing (no grant, no renewal, nobody blocked).
+#[test]
+fn sync_and_fsync_are_refused_on_a_writable_replica_and_change_nothing() {
+    let primary = Server::start();
+    let replica = Server::start_with(
+        Config::default()
+            .with("replica-read-only", "no")
+            .with("appendonly", "yes"),
+    );
+    replica.replicate_from(&primary);
+    let mut r = replica.conn();
+    // A plain grant on a writable replica is a local write, as for any key.
+    acquire(&mut r, "local", "t", 60_000);
+    let refused = Reply::error(
+        "ERR SYNC and FSYNC cannot be kept on a replica, whose changes its primary's next sync \
+         replaces: send the command to the primary",
+    );
+    for args in [
+        &["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "100"][..],
+        &["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "0", "100"],
+        &["LOCK.ACQUIRE", "k", "t", "60000", "FSYNC", "100"],
+        &[
+            "LOCK.ACQUIRE",
+            "k",
+            "t",
+            "60000",
+            "SYNC",
+            "1",
+            "100",
+            "FSYNC",
+            "100",
+        ],
+        &[
+            "LOCK.ACQUIRE",
+            "local",
+            "other",
+            "60000",
+            "WAIT",
+            "1000",
+            "SYNC",
+            "1",
+            "100",
+        ],
+        &["LOCK.ACQUIRE", "local", "t", "90000", "SYNC", "1", "100"],
+        &["LOCK.RENEW", "local", "t", "90000", "SYNC", "1", "100"],
+        &["LOCK.RENEW", "local", "t", "90000", "FSYNC", "100"],
+    ] {
+        assert_eq!(r.call(args), refused, "{args:?}");
+    }
+    assert_eq!(r.call(&["EXISTS", "k"]), Reply::Int(0));
+    assert!(lock_field(&mut r, "local", "ttl").int() <= 60_000);
+    assert_eq!(lock_field(&mut r, "local", "waiters"), Reply::Int(0));
+    assert_eq!(blocked(&replica), 0);
+    assert_eq!(replica.info_int("lock_acquired"), 1);
+    assert_eq!(replica.info_int("lock_renewed"), 0);
+    assert_eq!(replica.info_int("lock_sync_failed"), 0);
+    // On a read-only replica the server refuses every write first.
+    assert_eq!(
+        replica
+            .conn()
+            .call(&["CONFIG", "SET", "replica-read-only", "yes"]),
+        Reply::status("OK")
+    );
+    assert_eq!(
+        r.call(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "100"]),
+        Reply::error("READONLY You can't write against a read only replica.")
+    );
+}
+
+/// A primary that becomes a replica while a SYNC client waits answers that client (the server
+/// unblocks it; the wait is counted as failed), and leaves nothing waiting behind.
+#[test]
+fn a_sync_client_waiting_when_its_primary_becomes_a_replica_is_answered() {
+    let server = Server::start();
+    let new_primary = Server::start();
+    let mut waiting = server.conn();
+    waiting.send(&["LOCK.ACQUIRE", "k", "t", "60000", "SYNC", "1", "60000"]);
+    wait_blocked(&server, 1);
+    assert_eq!(state_of(&mut server.conn(), "k"), "held");
+    assert_eq!(
+        server
+            .conn()
+            .call(&["REPLICAOF", "127.0.0.1", &new_primary.port.to_string()]),
+        Reply::status("OK")
+    );
+    assert_eq!(
+        waiting.read(),
+        Reply::error(
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> \
+             replica?)"
+        )
+    );
+    wait_blocked(&server, 0);
+    wait_for("the wait to be counted as failed", || {
+        (server.info_int("lock_sync_failed") == 1).then_some(())
+    });
+    assert_eq!(server.info_int("lock_sync_confirmed"), 0);
+    // The new primary's data replaces the demoted one's: its grant is gone.
+    wait_for("the sync with the new primary", || {
+        (server.conn().call(&["LOCK.INFO", "k"]) == Reply::Nil).then_some(())
+    });
+}

@@ -256,6 +256,43 @@ fn demoted_primary_answers_waiters_with_an_error_never_a_grant() {
     assert_eq!(server.info_int("lock_waiters"), 0);
 }
 
+/// A replica grants nothing from a queue (its locks change by its primary's effects alone): a
+/// writable replica refuses WAIT at once, whatever the lock's state, and changes nothing, rather
+/// than queue a client that would wait until its timeout, or forever with WAIT 0.
+#[test]
+fn wait_is_refused_on_a_writable_replica_and_changes_nothing() {
+    let primary = Server::start();
+    let replica = Server::start_with(Config::default().with("replica-read-only", "no"));
+    replica.replicate_from(&primary);
+    let mut r = replica.conn();
+    // A plain grant on a writable replica is a local write, as for any key.
+    let fence = acquire(&mut r, "k", "a", 60_000);
+    let refused = Reply::error(
+        "ERR WAIT cannot queue on a replica, which grants nothing from a queue: send the command \
+         to the primary",
+    );
+    for args in [
+        &["LOCK.ACQUIRE", "k", "w", "10000", "WAIT", "0"][..],
+        &["LOCK.ACQUIRE", "k", "w", "10000", "WAIT", "100"],
+        &["LOCK.ACQUIRE", "free", "w", "10000", "WAIT", "0"],
+        &["LOCK.MACQUIRE", "2", "free", "k", "w", "10000", "WAIT", "0"],
+        &["LOCK.MACQUIRE", "1", "free", "w", "10000", "WAIT", "0"],
+    ] {
+        assert_eq!(r.call(args), refused, "{args:?}");
+    }
+    assert_eq!(r.call(&["EXISTS", "free"]), Reply::Int(0));
+    assert_eq!(fence_of(&mut r, "k"), fence);
+    assert_eq!(lock_field(&mut r, "k", "waiters"), Reply::Int(0));
+    assert_eq!(blocked(&replica), 0);
+    assert_eq!(replica.info_int("lock_waiters"), 0);
+    assert_eq!(replica.info_int("lock_acquired"), 1);
+    assert_eq!(replica.info_int("lock_acquire_contended"), 0);
+    // Without WAIT the call answers at once, as on a primary; LOCK.WAIT, which takes nothing,
+    // waits on replicas too.
+    assert_eq!(r.call(&["LOCK.ACQUIRE", "k", "w", "10000"]), Reply::Nil);
+    assert_eq!(r.call(&["LOCK.WAIT", "k", "50"]), Reply::Int(0));
+}
+
 #[test]
 fn session_lock_is_released_when_its_connection_closes_and_handed_over() {
     let server = Server::start();

@@ -13,6 +13,11 @@ use crate::host::{guarded, ERR, OK};
 pub enum ServerEvent {
     /// An RDB file, the AOF or a full sync finished loading.
     LoadingEnded,
+    /// A replica with `repl-diskless-load swapdb` loads a full sync into databases aside while
+    /// the old ones serve: the load started, was given up (the data aside is dropped), or
+    /// completed (the loaded databases took the old ones' place, all at once, with no flush
+    /// event; `LoadingEnded` follows).
+    AsyncLoad(AsyncLoad),
     /// FLUSHDB (`Some(db)`) or FLUSHALL (`None`) is done.
     Flushed(Option<i32>),
     /// SWAPDB of these two databases is done.
@@ -26,6 +31,14 @@ pub enum ServerEvent {
     /// Valkey's atomic slot migration: an import into this node started, completed or was
     /// aborted (job name, inclusive slot ranges).
     SlotImport(SlotImport, Vec<u8>, Vec<(u16, u16)>),
+}
+
+/// Where a replica's background load of a full sync stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AsyncLoad {
+    Started,
+    Aborted,
+    Completed,
 }
 
 /// Where an import of slots stands.
@@ -103,6 +116,7 @@ pub fn subscribe<L: Listener>(ctx: &Context, valkey: bool) -> Result<bool, Strin
     };
     for id in [
         raw::REDISMODULE_EVENT_LOADING,
+        raw::REDISMODULE_EVENT_REPL_ASYNC_LOAD,
         raw::REDISMODULE_EVENT_FLUSHDB,
         raw::REDISMODULE_EVENT_SWAPDB,
         raw::REDISMODULE_EVENT_CLIENT_CHANGE,
@@ -143,6 +157,12 @@ unsafe fn decode(event: u64, subevent: u64, data: *mut c_void) -> Option<ServerE
         raw::REDISMODULE_EVENT_LOADING if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED => {
             ServerEvent::LoadingEnded
         }
+        raw::REDISMODULE_EVENT_REPL_ASYNC_LOAD => ServerEvent::AsyncLoad(match subevent {
+            raw::REDISMODULE_SUBEVENT_REPL_ASYNC_LOAD_STARTED => AsyncLoad::Started,
+            raw::REDISMODULE_SUBEVENT_REPL_ASYNC_LOAD_ABORTED => AsyncLoad::Aborted,
+            raw::REDISMODULE_SUBEVENT_REPL_ASYNC_LOAD_COMPLETED => AsyncLoad::Completed,
+            _ => return None,
+        }),
         raw::REDISMODULE_EVENT_FLUSHDB if subevent == raw::REDISMODULE_SUBEVENT_FLUSHDB_END => {
             // SAFETY: for FLUSHDB the data is a RedisModuleFlushInfo (or null), per the caller.
             let dbnum = unsafe { data.cast::<FlushInfo>().as_ref() }.map_or(-1, |i| i.dbnum);

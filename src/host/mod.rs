@@ -209,11 +209,15 @@ macro_rules! export_module {
 }
 
 /// The module's options: a short read while loading is an error Redis handles (instead of an
-/// abort), keys are counted as modified only where the module says so, and `extra` (options
-/// the caller found the server has, see [`api`]).
+/// abort), keys are counted as modified only where the module says so, a replica may load a
+/// full sync in the background while its old data serves (the listener must follow
+/// [`events::ServerEvent::AsyncLoad`]; without the option the server loads from a file on disk
+/// and answers LOADING meanwhile), and `extra` (options the caller found the server has, see
+/// [`api`]).
 pub fn set_module_options(ctx: &redis_module::Context, extra: c_int) {
     let options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
-        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED
+        | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD) as c_int
         | extra;
     // SAFETY: a valid context, during OnLoad.
     unsafe {

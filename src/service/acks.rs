@@ -221,9 +221,7 @@ fn tick(ctx: &Context) {
 /// Sets targets, asks replicas (once for every change waiting), answers what is decided.
 fn check(ctx: &Context) {
     if !is_primary(ctx) {
-        // A demoted primary: Redis has answered every blocked client; nothing may be written.
-        pending().clear();
-        WAITING.store(false, Ordering::Relaxed);
+        demoted();
         return;
     }
     let Some((offset, acked)) = replication_acks(ctx) else {
@@ -276,6 +274,22 @@ fn check(ctx: &Context) {
         finish(ctx, p, outcome, now_ms());
     }
     WAITING.store(!pending().is_empty(), Ordering::Relaxed);
+}
+
+/// This server became a replica: every wait ends, as failed. Nothing may be written, so no grant
+/// is taken back (the new primary's data replaces them all). Redis unblocked the waiting clients
+/// as it turned (their disconnect calls abandoned them); one still blocked is answered here, so
+/// no client ever waits for a reply that cannot come.
+fn demoted() {
+    let ended: Vec<Pending> = pending().drain(..).collect();
+    WAITING.store(false, Ordering::Relaxed);
+    for p in ended {
+        metrics::SYNC_FAILED.incr();
+        if !p.abandoned {
+            waiters::queues().mark_woken(p.id, Ending::Answered(Err(LockError::NoLongerPrimary)));
+            blocking::unblock(p.client);
+        }
+    }
 }
 
 fn finish(ctx: &Context, p: Pending, outcome: Outcome, now: u64) {

@@ -9,8 +9,8 @@ use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{
-    caller_id, client_id, connection_of, is_loading, is_replayed, may_block, now_ms, parse_integer,
-    persistence,
+    caller_id, client_id, connection_of, is_loading, is_primary, is_replayed, may_block, now_ms,
+    parse_integer, persistence,
 };
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Grant, Lock, MemberChange, Mode};
@@ -103,11 +103,16 @@ impl crate::host::command::DeclaresKeys for LockGuard {
     }
 }
 
-/// SYNC and FSYNC need a client that can wait, and FSYNC an AOF.
+/// SYNC and FSYNC need a primary (a writable replica runs writes too, but what it changes
+/// reaches no other replica and its primary's next sync replaces it), a client that can wait,
+/// and FSYNC an AOF.
 fn check_sync(ctx: &Context, sync: Option<SyncRequest>) -> Result<(), LockError> {
     let Some(sync) = sync else {
         return Ok(());
     };
+    if !is_primary(ctx) {
+        return Err(LockError::SyncOnReplica);
+    }
     let fsync_alone = sync.fsync_ms.is_some() && sync.replicas == 0 && sync.timeout_ms == 0;
     if !may_block(ctx) {
         return Err(if fsync_alone {
@@ -133,6 +138,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(ctx, options, 4)?;
     check_sync(ctx, options.sync)?;
+    waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -209,34 +215,35 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 None => Ok(RedisValue::Integer(fence_reply(fence))),
             }
         }
-        Acquire::Busy => match options.wait {
-            Some(timeout) if may_block(ctx) => {
-                let (db, name) = waiters::key_ref(ctx, key_name);
-                let max = config::MAX_WAITERS.get();
-                let queued = waiters::queues().acquirers_on(db, &name);
-                if i64::try_from(queued).map_or(true, |n| n >= max) {
-                    metrics::ACQUIRE_CONTENDED.incr();
-                    return Err(LockError::TooManyWaiters { max });
+        Acquire::Busy => {
+            // Found taken: counted here, once, whatever follows (nil, a full queue, a wait that
+            // ends in a grant or a timeout), as LOCK.MACQUIRE counts.
+            metrics::ACQUIRE_CONTENDED.incr();
+            match options.wait {
+                Some(timeout) if may_block(ctx) => {
+                    let (db, name) = waiters::key_ref(ctx, key_name);
+                    let max = config::MAX_WAITERS.get();
+                    let queued = waiters::queues().acquirers_on(db, &name);
+                    if i64::try_from(queued).map_or(true, |n| n >= max) {
+                        return Err(LockError::TooManyWaiters { max });
+                    }
+                    let request = Request {
+                        token,
+                        ttl,
+                        reentrant: options.reentrant,
+                        session: options.session,
+                        delay: request.delay,
+                        mode: request.mode,
+                        client,
+                        sync: options.sync,
+                        label: label.into(),
+                        connection: connection.as_slice().into(),
+                    };
+                    handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
                 }
-                let request = Request {
-                    token,
-                    ttl,
-                    reentrant: options.reentrant,
-                    session: options.session,
-                    delay: request.delay,
-                    mode: request.mode,
-                    client,
-                    sync: options.sync,
-                    label: label.into(),
-                    connection: connection.as_slice().into(),
-                };
-                handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
+                _ => Ok(RedisValue::Null),
             }
-            _ => {
-                metrics::ACQUIRE_CONTENDED.incr();
-                Ok(RedisValue::Null)
-            }
-        },
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 
 use redis_module::{Context, RedisString};
 
-use crate::host::events::{Listener, ServerEvent};
+use crate::host::events::{AsyncLoad, Listener, ServerEvent};
 use crate::host::server::{forget_client, selected_db};
 use crate::lock::sessions;
 use crate::metrics;
@@ -12,6 +12,14 @@ use crate::service::{expiry, leases, waiters};
 
 /// The module's listener.
 pub struct Events;
+
+/// The data of `db` (every db for `None`) was replaced wholesale: what the module keeps beside
+/// it by key lets go (the lease index, sessions), and its waiters are looked at again.
+fn data_replaced(ctx: &Context, db: Option<i32>) {
+    leases::forget_db(db);
+    sessions::flushed(db);
+    settle_waiters_in(ctx, db);
+}
 
 /// Asks for the waiters of every key in `db` (all dbs for `None`) to be settled.
 fn settle_waiters_in(ctx: &Context, db: Option<i32>) {
@@ -28,11 +36,17 @@ impl Listener for Events {
     fn server_event(ctx: &Context, event: ServerEvent) {
         match event {
             ServerEvent::LoadingEnded => expiry::rebuild(ctx),
-            ServerEvent::Flushed(db) => {
-                leases::forget_db(db);
-                sessions::flushed(db);
-                settle_waiters_in(ctx, db);
-            }
+            ServerEvent::Flushed(db) => data_replaced(ctx, db),
+            // A replica's background load of a full sync. While it runs, the old data serves
+            // and keeps its bookkeeping; the values loaded aside are in none of it (only the
+            // fence floor rises with them, as it may: it never goes down; and the gauges count
+            // them until they are freed). Given up, they are dropped and nothing changes. Completed, they replace every database at once, as
+            // a flush and a load would: the old data's bookkeeping goes here, and the
+            // `LoadingEnded` that follows indexes the new data. (The old values are freed
+            // afterwards, perhaps on a background thread; what they take out of the index
+            // and the ages is found by their own ids, never a new value's.)
+            ServerEvent::AsyncLoad(AsyncLoad::Completed) => data_replaced(ctx, None),
+            ServerEvent::AsyncLoad(AsyncLoad::Started | AsyncLoad::Aborted) => {}
             ServerEvent::SwappedDbs(a, b) => {
                 leases::swap_dbs(a, b);
                 sessions::swapped(a, b);

@@ -127,6 +127,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             return Err(LockError::NotForMulti(name));
         }
     }
+    waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
     let client = caller_id(ctx);
     let connection = recorded_connection(connection_of(ctx, client));

@@ -19,8 +19,9 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::{Context, RedisString};
 
+use crate::error::LockError;
 use crate::host::blocking::{self, BlockedClient};
-use crate::host::server::{key_string, now_ms, select_db, selected_db};
+use crate::host::server::{is_primary, key_string, now_ms, select_db, selected_db};
 use crate::host::timer::Earliest;
 use crate::host::{in_call, keys, timer};
 use crate::lock::core::Lock;
@@ -46,6 +47,16 @@ pub fn anyone_waiting() -> bool {
 /// The key as the queues and the session table name it.
 pub fn key_ref(ctx: &Context, key: &RedisString) -> KeyRef {
     (selected_db(ctx), key.as_slice().into())
+}
+
+/// An acquirer may queue (WAIT) on a primary only: a replica follows its primary's grants and
+/// serves no queue of its own (see `handoff::serve_ready`), so a client queued there would wait
+/// until its timeout, or forever.
+pub fn check_may_queue(ctx: &Context, wait: Option<u64>) -> Result<(), LockError> {
+    if wait.is_some() && !is_primary(ctx) {
+        return Err(LockError::WaitOnReplica);
+    }
+    Ok(())
 }
 
 /// True when acquirers are queued on `key` (cheap when nobody waits anywhere).

@@ -133,17 +133,71 @@ fn contended_acquire_counts_contended_only() {
     assert_eq!(fence_of(&mut c, "k"), fence);
 }
 
+/// `lock_acquire_contended` counts every LOCK.ACQUIRE and LOCK.MACQUIRE that found a lock taken
+/// by someone else, once per command: whether it answered nil at once or queued with WAIT, and
+/// whatever came of the wait (a grant, a timeout).
+#[test]
+fn contended_counts_each_acquire_that_found_the_lock_taken_once_whether_it_queued_or_not() {
+    let server = Server::start();
+    let mut c = server.conn();
+    acquire(&mut c, "k", "a", 60_000);
+    // At once: nil.
+    assert_eq!(c.call(&["LOCK.ACQUIRE", "k", "b", "60000"]), Reply::Nil);
+    assert_eq!(server.info_int("lock_acquire_contended"), 1);
+    // Queued with WAIT, later granted: counted as it queued, not again when served.
+    let mut granted_later = queue_waiter(&server, "k", "b", 60_000, 0);
+    assert_eq!(server.info_int("lock_acquire_contended"), 2);
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
+    let fence = granted(&mut granted_later);
+    assert_eq!(fence_of(&mut c, "k"), fence);
+    // Queued with WAIT, timed out.
+    let mut timed_out = queue_waiter(&server, "k", "c", 60_000, 100);
+    assert_eq!(timed_out.read(), Reply::Nil);
+    // LOCK.MACQUIRE with WAIT: once for the command, however many of its keys were taken.
+    acquire(&mut c, "j", "a", 60_000);
+    let before = blocked(&server);
+    let mut multi = server.conn();
+    multi.send(&[
+        "LOCK.MACQUIRE",
+        "3",
+        "j",
+        "k",
+        "free",
+        "d",
+        "60000",
+        "WAIT",
+        "0",
+    ]);
+    wait_blocked(&server, before + 1);
+    assert_eq!(server.info_int("lock_acquire_contended"), 4);
+    assert_eq!(c.call(&["LOCK.RELEASE", "j", "a"]), Reply::Int(1));
+    assert_eq!(c.call(&["LOCK.RELEASE", "k", "b"]), Reply::Int(1));
+    assert_eq!(multi.read().items().len(), 3);
+    assert_counts(
+        &server,
+        &[
+            ("lock_acquired", 6),
+            ("lock_acquire_contended", 4),
+            ("lock_acquire_timeouts", 1),
+            ("lock_released", 3),
+            ("lock_held", 3),
+            ("lock_keys", 3),
+        ],
+    );
+}
+
 #[test]
 fn acquire_wait_that_times_out_counts_a_timeout_and_no_grant() {
     let server = Server::start();
     let mut c = server.conn();
     acquire(&mut c, "k", "a", 60_000);
     let mut w = queue_waiter(&server, "k", "b", 60_000, 500);
-    // While it waits it is a waiter (and not yet contended or timed out).
+    // It found the lock held: contended as it queued, and a waiter (not yet timed out).
     assert_counts(
         &server,
         &[
             ("lock_acquired", 1),
+            ("lock_acquire_contended", 1),
             ("lock_held", 1),
             ("lock_keys", 1),
             ("lock_waiters", 1),
@@ -154,6 +208,7 @@ fn acquire_wait_that_times_out_counts_a_timeout_and_no_grant() {
         &server,
         &[
             ("lock_acquired", 1),
+            ("lock_acquire_contended", 1),
             ("lock_acquire_timeouts", 1),
             ("lock_held", 1),
             ("lock_keys", 1),

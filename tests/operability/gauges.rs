@@ -63,10 +63,12 @@ fn waiters_gauge_follows_watchers_disconnects_and_client_unblock() {
     assert_eq!(gauges(&server), (1, 1, 1));
     assert_eq!(c.call(&["LOCK.RELEASE", "k", "a"]), Reply::Int(1));
     assert_eq!(watcher.read(), Reply::Int(1));
+    // Both acquirers found the lock held as they queued.
     assert_counts(
         &server,
         &[
             ("lock_acquired", 1),
+            ("lock_acquire_contended", 2),
             ("lock_released", 1),
             ("lock_acquire_timeouts", 1),
             ("lock_keys", 1),
