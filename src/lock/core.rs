@@ -771,18 +771,42 @@ impl Lock {
     /// order), in one pass over the holders, and returns them: thousands of holders whose
     /// leases end together cost O(N) to expire, not O(N) each.
     pub fn expire_members(&mut self, now: u64, budget: usize) -> Vec<Member> {
+        if budget == 0 || !self.group.as_deref().is_some_and(|g| g.any_overdue(now)) {
+            return Vec::new();
+        }
+        let mut taken = 0;
+        self.take_members(|member| {
+            let expire = member.holder.deadline <= now && taken < budget;
+            taken += usize::from(expire);
+            expire
+        })
+    }
+
+    /// Frees, in one pass over the holders, the live session holds of `tokens` among the shared
+    /// or permit holders (their connection closed), and returns them.
+    pub fn end_member_sessions(
+        &mut self,
+        tokens: &std::collections::HashSet<TokenDigest>,
+        now: u64,
+    ) -> Vec<Member> {
+        self.take_members(|member| {
+            let h = &member.holder;
+            h.session && h.deadline > now && tokens.contains(h.token())
+        })
+    }
+
+    /// Removes the shared or permit holders `pick` picks (asked of each in grant order), in
+    /// one pass, and the group with them when it is neither a semaphore nor held any more.
+    fn take_members(&mut self, mut pick: impl FnMut(&Member) -> bool) -> Vec<Member> {
         let Some(group) = self.group.as_deref_mut() else {
             return Vec::new();
         };
-        if budget == 0 || !group.any_overdue(now) {
-            return Vec::new();
-        }
-        let mut expired = Vec::new();
+        let mut taken = Vec::new();
         group.change_members(|members| {
             let mut kept = Vec::with_capacity(members.len());
             for member in members.drain(..) {
-                if member.holder.deadline <= now && expired.len() < budget {
-                    expired.push(member);
+                if pick(&member) {
+                    taken.push(member);
                 } else {
                     kept.push(member);
                 }
@@ -792,7 +816,7 @@ impl Lock {
         if group.limit == 0 && group.members.is_empty() {
             self.group = None;
         }
-        expired
+        taken
     }
 
     /// The shared or permit holder [`Lock::expire`] removes next: the one whose lease ran out

@@ -30,97 +30,127 @@ pub struct Session {
     pub lock_id: u64,
 }
 
+/// The sessions on one key: all of one lock value, one per token that holds with SESSION (one
+/// for an exclusive lock; one per shared or permit holder that asked for it).
+#[derive(Debug, Default)]
+struct KeySessions {
+    lock_id: u64,
+    /// Token -> the client that owns its session.
+    owners: HashMap<TokenDigest, u64>,
+}
+
+/// Every operation costs O(1) per session it touches, however many sessions a key or a client
+/// has: a key with ten thousand session holders changes one at a time.
 #[derive(Default)]
 struct Sessions {
-    /// Key -> the sessions of its holders (one for an exclusive lock; one per shared or permit
-    /// holder that asked for SESSION).
-    by_key: HashMap<KeyRef, Vec<Session>>,
-    /// Client id -> lock keys it owns a session on.
-    by_client: HashMap<u64, HashSet<KeyRef>>,
+    by_key: HashMap<KeyRef, KeySessions>,
+    /// Client id -> the keys it owns sessions on, and the tokens of those sessions there.
+    by_client: HashMap<u64, HashMap<KeyRef, HashSet<TokenDigest>>>,
     /// The sessions of a key just renamed or moved away, until its new name is announced.
-    moving: Option<Vec<Session>>,
+    moving: Option<KeySessions>,
     /// Lock value id -> the key of its sessions.
     by_lock: HashMap<u64, KeyRef>,
 }
 
 impl Sessions {
-    /// Records `session` on `key`, replacing the session of the same token, and those of an
-    /// older value of the key.
+    /// Records `session` on `key`: it replaces the session of the same token, and the sessions
+    /// of an older value of the key.
     fn insert(&mut self, key: KeyRef, session: Session) {
-        self.retain(&key, |s| {
-            s.token != session.token && s.lock_id == session.lock_id
-        });
+        let older = self
+            .by_key
+            .get(&key)
+            .is_some_and(|sessions| sessions.lock_id != session.lock_id);
+        if older {
+            self.remove(&key);
+        }
+        let sessions = self.by_key.entry(key.clone()).or_default();
+        sessions.lock_id = session.lock_id;
+        let replaced = sessions.owners.insert(session.token, session.client);
+        if let Some(client) = replaced {
+            self.unlink(client, &key, &session.token);
+        }
         self.by_client
             .entry(session.client)
             .or_default()
-            .insert(key.clone());
-        self.by_lock.insert(session.lock_id, key.clone());
-        self.by_key.entry(key).or_default().push(session);
+            .entry(key.clone())
+            .or_default()
+            .insert(session.token);
+        self.by_lock.insert(session.lock_id, key);
     }
 
-    /// The sessions in `gone` left the list of `key`: their clients and locks no longer name
-    /// `key`, unless another session there still does.
-    fn left(&mut self, key: &KeyRef, gone: &[Session]) {
-        for session in gone {
-            self.unlink(session.client, key);
-            let lock_stays = self
-                .by_key
-                .get(key)
-                .is_some_and(|list| list.iter().any(|s| s.lock_id == session.lock_id));
-            if !lock_stays && self.by_lock.get(&session.lock_id) == Some(key) {
-                self.by_lock.remove(&session.lock_id);
-            }
-        }
-    }
-
-    /// Forgets that `client` owns a session on `key`, unless it still does.
-    fn unlink(&mut self, client: u64, key: &KeyRef) {
-        let still = self
-            .by_key
-            .get(key)
-            .is_some_and(|list| list.iter().any(|s| s.client == client));
-        if still {
+    /// Forgets that `client` owns the session of `token` on `key`.
+    fn unlink(&mut self, client: u64, key: &KeyRef, token: &TokenDigest) {
+        let Some(keys) = self.by_client.get_mut(&client) else {
             return;
-        }
-        if let Some(keys) = self.by_client.get_mut(&client) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.by_client.remove(&client);
+        };
+        if let Some(tokens) = keys.get_mut(key) {
+            tokens.remove(token);
+            if tokens.is_empty() {
+                keys.remove(key);
             }
         }
+        if keys.is_empty() {
+            self.by_client.remove(&client);
+        }
     }
 
-    fn remove(&mut self, key: &KeyRef) -> Option<Vec<Session>> {
-        let list = self.by_key.remove(key)?;
-        self.left(key, &list);
-        Some(list)
+    /// Removes every session of `key`.
+    fn remove(&mut self, key: &KeyRef) -> Option<KeySessions> {
+        let sessions = self.by_key.remove(key)?;
+        for (token, client) in &sessions.owners {
+            self.unlink(*client, key, token);
+        }
+        if self.by_lock.get(&sessions.lock_id) == Some(key) {
+            self.by_lock.remove(&sessions.lock_id);
+        }
+        Some(sessions)
     }
 
-    /// Keeps the sessions of `key` that `keep` says to; returns the others.
-    fn retain(&mut self, key: &KeyRef, keep: impl Fn(&Session) -> bool) -> Vec<Session> {
-        let Some(list) = self.by_key.get_mut(key) else {
+    /// Removes the session of each of `tokens` on `key` (owned by `only`, when given); returns
+    /// the sessions removed.
+    fn remove_tokens<'a>(
+        &mut self,
+        key: &KeyRef,
+        tokens: impl IntoIterator<Item = &'a TokenDigest>,
+        only: Option<u64>,
+    ) -> Vec<Session> {
+        let Some(sessions) = self.by_key.get_mut(key) else {
             return Vec::new();
         };
-        let (kept, gone): (Vec<Session>, Vec<Session>) = list.drain(..).partition(keep);
-        *list = kept;
-        if list.is_empty() {
-            self.by_key.remove(key);
+        let lock_id = sessions.lock_id;
+        let mut gone = Vec::new();
+        for token in tokens {
+            let owner = sessions.owners.get(token).copied();
+            if owner.is_some_and(|client| only.is_none_or(|only| only == client)) {
+                sessions.owners.remove(token);
+                gone.push(Session {
+                    client: owner.unwrap_or_default(),
+                    token: *token,
+                    lock_id,
+                });
+            }
         }
-        self.left(key, &gone);
+        let empty = sessions.owners.is_empty();
+        for session in &gone {
+            self.unlink(session.client, key, &session.token);
+        }
+        if empty {
+            self.remove(key);
+        }
         gone
     }
 }
 
 static SESSIONS: LazyLock<Mutex<Sessions>> = LazyLock::new(|| Mutex::new(Sessions::default()));
 
-/// Number of session locks owned, so the common case (none) needs no lookup.
+/// Number of keys with session locks, so the common case (none) needs no lookup.
 static OWNED: AtomicUsize = AtomicUsize::new(0);
 
 fn with<R>(f: impl FnOnce(&mut Sessions) -> R) -> R {
     let mut sessions = super::locked(&SESSIONS);
     let result = f(&mut sessions);
     OWNED.store(
-        sessions.by_key.len() + sessions.moving.as_ref().map_or(0, Vec::len),
+        sessions.by_key.len() + usize::from(sessions.moving.is_some()),
         Ordering::Relaxed,
     );
     result
@@ -153,11 +183,33 @@ pub fn forget(key: &KeyRef) {
     });
 }
 
-/// Forgets the sessions of `key` whose token no longer holds the lock (a hold was released,
-/// expired or forced).
+/// Forgets the sessions of `tokens` on `key`: their holds ended (released, expired, taken back).
+pub fn forget_tokens<'a>(key: &KeyRef, tokens: impl IntoIterator<Item = &'a TokenDigest>) {
+    if !any() {
+        return;
+    }
+    with(|s| {
+        s.remove_tokens(key, tokens, None);
+    });
+}
+
+/// Forgets the sessions of `key` whose token no longer holds the lock (after a change of the
+/// whole lock: a forced release, a downgrade).
 pub fn keep_only(key: &KeyRef, holds: impl Fn(&TokenDigest) -> bool) {
     with(|s| {
-        s.retain(key, |session| holds(&session.token));
+        let gone: Vec<TokenDigest> = s
+            .by_key
+            .get(key)
+            .map(|sessions| {
+                sessions
+                    .owners
+                    .keys()
+                    .filter(|token| !holds(token))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        s.remove_tokens(key, &gone, None);
     });
 }
 
@@ -168,8 +220,11 @@ pub fn value_freed(lock_id: u64) {
         return;
     }
     with(|s| {
-        if let Some(key) = s.by_lock.get(&lock_id).cloned() {
-            s.retain(&key, |session| session.lock_id != lock_id);
+        let key = s.by_lock.get(&lock_id).cloned();
+        if let Some(key) = key {
+            if s.by_key.get(&key).is_some_and(|k| k.lock_id == lock_id) {
+                s.remove(&key);
+            }
         }
     });
 }
@@ -185,10 +240,26 @@ pub fn leaving(key: &KeyRef) {
 pub fn arrived(key: &KeyRef) {
     with(|s| {
         s.remove(key);
-        for session in s.moving.take().unwrap_or_default() {
-            s.insert(key.clone(), session);
+        if let Some(moved) = s.moving.take() {
+            s.settle(key, moved);
         }
     });
+}
+
+impl Sessions {
+    /// Puts the sessions of a value that moved under `key`.
+    fn settle(&mut self, key: &KeyRef, moved: KeySessions) {
+        for (token, client) in moved.owners {
+            self.insert(
+                key.clone(),
+                Session {
+                    client,
+                    token,
+                    lock_id: moved.lock_id,
+                },
+            );
+        }
+    }
 }
 
 /// FLUSHDB of `db`, or FLUSHALL for `None`.
@@ -209,20 +280,19 @@ pub fn flushed(db: Option<i32>) {
 /// SWAPDB of `a` and `b`: the sessions follow their data.
 pub fn swapped(a: i32, b: i32) {
     with(|s| {
-        let moved: Vec<(KeyRef, Vec<Session>)> = s
+        let keys: Vec<KeyRef> = s
             .by_key
             .keys()
             .filter(|(d, _)| *d == a || *d == b)
             .cloned()
-            .collect::<Vec<_>>()
-            .into_iter()
-            .filter_map(|key| s.remove(&key).map(|list| (key, list)))
             .collect();
-        for ((db, name), list) in moved {
+        let moved: Vec<(KeyRef, KeySessions)> = keys
+            .into_iter()
+            .filter_map(|key| s.remove(&key).map(|sessions| (key, sessions)))
+            .collect();
+        for ((db, name), sessions) in moved {
             let db = if db == a { b } else { a };
-            for session in list {
-                s.insert((db, name.clone()), session);
-            }
+            s.settle(&(db, name), sessions);
         }
     });
 }
@@ -232,16 +302,26 @@ pub fn owns_any(client: u64) -> bool {
     with(|s| s.by_client.contains_key(&client))
 }
 
-/// The locks `client` owned, with their sessions, now that it is gone.
-pub fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
+/// One key on which the closed connection `client` still owns sessions, with those sessions,
+/// taken out of the table now (not when the connection closed: a session another connection
+/// claimed meanwhile is no longer its, and a key renamed meanwhile is found under its new
+/// name). `None` once it owns none.
+pub fn take_closed(client: u64) -> Option<(KeyRef, Vec<Session>)> {
     with(|s| {
-        let keys = s.by_client.remove(&client).unwrap_or_default();
-        let mut owned = Vec::new();
-        for key in keys {
-            let mine = s.retain(&key, |session| session.client != client);
-            owned.extend(mine.into_iter().map(|session| (key.clone(), session)));
+        let (key, tokens) = {
+            let keys = s.by_client.get(&client)?;
+            let (key, tokens) = keys.iter().next()?;
+            (key.clone(), tokens.iter().copied().collect::<Vec<_>>())
+        };
+        let sessions = s.remove_tokens(&key, &tokens, Some(client));
+        // Whatever the table says, the client owns nothing more on this key.
+        if let Some(keys) = s.by_client.get_mut(&client) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                s.by_client.remove(&client);
+            }
         }
-        owned
+        Some((key, sessions))
     })
 }
 
@@ -251,6 +331,15 @@ mod tests {
 
     fn key(db: i32, name: &str) -> KeyRef {
         (db, name.as_bytes().into())
+    }
+
+    /// Every session a closed connection still owns, key by key as they are taken.
+    fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
+        let mut owned = Vec::new();
+        while let Some((key, sessions)) = take_closed(client) {
+            owned.extend(sessions.into_iter().map(|session| (key.clone(), session)));
+        }
+        owned
     }
 
     fn session(client: u64, token: &[u8], lock_id: u64) -> Session {
@@ -350,7 +439,7 @@ mod tests {
         s.insert(key(0, "b"), session(1, b"t", 8));
         assert_eq!(s.by_lock.len(), 2);
         // One of two sessions of lock 7 ends: it is still indexed.
-        s.retain(&key(0, "a"), |session| session.client != 2);
+        s.remove_tokens(&key(0, "a"), &[TokenDigest::of(b"r2")], None);
         assert_eq!(s.by_lock.get(&7), Some(&key(0, "a")));
         // A new value of "a" replaces lock 7.
         s.insert(key(0, "a"), session(3, b"x", 9));
@@ -358,15 +447,38 @@ mod tests {
         assert_eq!(s.by_lock.get(&9), Some(&key(0, "a")));
         // Moved: indexed under the new name.
         let moving = s.remove(&key(0, "b")).unwrap_or_default();
-        for session in moving {
-            s.insert(key(4, "b"), session);
-        }
+        s.settle(&key(4, "b"), moving);
         assert_eq!(s.by_lock.get(&8), Some(&key(4, "b")));
         s.remove(&key(0, "a"));
-        s.retain(&key(4, "b"), |_| false);
+        s.remove_tokens(&key(4, "b"), &[TokenDigest::of(b"t")], None);
         assert!(s.by_lock.is_empty());
         assert!(s.by_key.is_empty());
         assert!(s.by_client.is_empty());
+    }
+
+    #[test]
+    fn a_closed_connections_sessions_are_taken_a_key_at_a_time_as_they_are_then() {
+        claim(key(5, "c1"), 701, TokenDigest::of(b"t"), 20);
+        claim(key(5, "c2"), 701, TokenDigest::of(b"t"), 21);
+        claim(key(5, "c3"), 701, TokenDigest::of(b"r1"), 22);
+        claim(key(5, "c3"), 701, TokenDigest::of(b"r2"), 22);
+        // After the close: c1 is claimed by another connection, c2 renamed.
+        claim(key(5, "c1"), 702, TokenDigest::of(b"t"), 20);
+        leaving(&key(5, "c2"));
+        arrived(&key(5, "c2-renamed"));
+        let mut taken = disconnected(701);
+        taken.sort_by_key(|(key, session)| (key.clone(), session.token));
+        let mut expected = vec![
+            (key(5, "c2-renamed"), session(701, b"t", 21)),
+            (key(5, "c3"), session(701, b"r1", 22)),
+            (key(5, "c3"), session(701, b"r2", 22)),
+        ];
+        expected.sort_by_key(|(key, session)| (key.clone(), session.token));
+        assert_eq!(taken, expected);
+        assert_eq!(
+            disconnected(702),
+            vec![(key(5, "c1"), session(702, b"t", 20))]
+        );
     }
 
     #[test]

@@ -5,7 +5,6 @@ use redis_module::{Context, RedisString};
 
 use crate::config;
 use crate::error::LockError;
-use crate::host::keys::redact;
 use crate::host::server::{is_replayed, parse_integer};
 use crate::lock::core::{valid_label, Mode, TokenDigest, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
@@ -15,7 +14,7 @@ use crate::lock::queues::SyncRequest;
 const MAX_TIMEOUT_MS: i64 = 1 << 45;
 
 /// A duration in ms: a positive integer.
-fn duration(arg: &RedisString, name: &'static str) -> Result<u64, LockError> {
+pub fn duration(arg: &RedisString, name: &'static str) -> Result<u64, LockError> {
     let value = parse_integer(arg).ok_or(LockError::BadInteger {
         name,
         detail: "not an integer",
@@ -72,7 +71,7 @@ pub fn token(ctx: &Context, arg: &RedisString) -> Result<TokenDigest, LockError>
 
 /// A lock-delay in ms: 0 (none) or a positive integer within `lock.max-ttl` (a limit for
 /// clients only).
-fn lock_delay(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
+fn lock_delay(arg: &RedisString, replayed: bool) -> Result<u64, LockError> {
     let bad = |detail| LockError::BadInteger {
         name: "lock-delay",
         detail,
@@ -80,7 +79,7 @@ fn lock_delay(ctx: &Context, arg: &RedisString) -> Result<u64, LockError> {
     let value = parse_integer(arg).ok_or(bad("not an integer"))?;
     let delay = u64::try_from(value).map_err(|_| bad("must not be negative"))?;
     let max = config::MAX_TTL.get();
-    if value > max && !is_replayed(ctx) {
+    if value > max && !replayed {
         return Err(LockError::TooLarge {
             name: "lock-delay",
             config: "lock.max-ttl",
@@ -181,10 +180,9 @@ fn value_after<'a>(
         })
 }
 
-/// An unknown option at `position`: redacted from SLOWLOG and MONITOR like the token (it may be
-/// one, put in the wrong place), and never echoed.
-fn unknown(ctx: &Context, position: usize, expected: &'static str) -> LockError {
-    redact(ctx, i32::try_from(position).unwrap_or(i32::MAX));
+/// An unknown option at `position`: never echoed (it may be a token put in the wrong place; the
+/// failed call redacts it, see `Command::secret_on_error`).
+fn unknown(position: usize, expected: &'static str) -> LockError {
     LockError::UnknownOption { position, expected }
 }
 
@@ -253,11 +251,11 @@ impl AcquireOptions {
     }
 
     /// Parses the options, the first of them at argument `first` (counted after the command
-    /// name from 1).
+    /// name from 1); `replayed`: from the primary or the AOF, where no client limit applies.
     pub fn parse(
-        ctx: &Context,
         args: &[RedisString],
         first: usize,
+        replayed: bool,
     ) -> Result<AcquireOptions, LockError> {
         let mut options = AcquireOptions::default();
         let mut fsync = None;
@@ -281,7 +279,7 @@ impl AcquireOptions {
             } else if word.eq_ignore_ascii_case(b"LOCKDELAY") {
                 once(&options.lock_delay, "LOCKDELAY")?;
                 let value = value_after(&mut rest, "lock-delay", "missing after LOCKDELAY")?;
-                options.lock_delay = Some(lock_delay(ctx, value)?);
+                options.lock_delay = Some(lock_delay(value, replayed)?);
             } else if word.eq_ignore_ascii_case(b"SHARED") {
                 set_flag(&mut options.shared, "SHARED")?;
             } else if word.eq_ignore_ascii_case(b"LIMIT") {
@@ -297,7 +295,6 @@ impl AcquireOptions {
                 options.label = Some(label(value.ok_or(BAD_LABEL)?)?);
             } else {
                 return Err(unknown(
-                    ctx,
                     first + at,
                     "WAIT, REENTRANT, SESSION, SYNC, FSYNC, LOCKDELAY, SHARED, LIMIT or LABEL",
                 ));
@@ -313,11 +310,7 @@ impl AcquireOptions {
 
 /// The options of `LOCK.RENEW`, after key, token and ttl-ms: `[SYNC numreplicas timeout-ms]
 /// [FSYNC timeout-ms]`.
-pub fn renew_options(
-    ctx: &Context,
-    args: &[RedisString],
-    first: usize,
-) -> Result<Option<SyncRequest>, LockError> {
+pub fn renew_options(args: &[RedisString], first: usize) -> Result<Option<SyncRequest>, LockError> {
     let (mut sync, mut fsync) = (None, None);
     let mut rest = args.iter().enumerate();
     while let Some((at, arg)) = rest.next() {
@@ -329,10 +322,18 @@ pub fn renew_options(
             once(&fsync, "FSYNC")?;
             fsync = Some(fsync_option(&mut rest)?);
         } else {
-            return Err(unknown(ctx, first + at, "SYNC or FSYNC"));
+            return Err(unknown(first + at, "SYNC or FSYNC"));
         }
     }
     Ok(SyncRequest::with_fsync(sync, fsync))
+}
+
+/// True when `args` (a whole `LOCK.ACQUIRE` or `LOCK.RENEW key token ttl-ms [options]` call,
+/// the command name first) has its shape: an integer ttl-ms where it belongs. A call that forgot
+/// its key, or swapped arguments, has its token elsewhere, perhaps first.
+pub fn has_ttl_in_place(args: &[RedisString]) -> bool {
+    args.get(3)
+        .is_some_and(|ttl| duration(ttl, "ttl-ms").is_ok())
 }
 
 /// The options of `LOCK.WHO`, after the key.
@@ -347,11 +348,7 @@ pub struct WhoOptions {
 pub const WHO_DEFAULT_COUNT: usize = 10;
 
 /// Parses `[COUNT count] [CLIENT client-id]`, the first at argument `first`.
-pub fn who_options(
-    ctx: &Context,
-    args: &[RedisString],
-    first: usize,
-) -> Result<WhoOptions, LockError> {
+pub fn who_options(args: &[RedisString], first: usize) -> Result<WhoOptions, LockError> {
     let mut count = None;
     let mut client = None;
     let mut rest = args.iter().enumerate();
@@ -383,7 +380,7 @@ pub fn who_options(
                     })?,
             );
         } else {
-            return Err(unknown(ctx, first + at, "COUNT or CLIENT"));
+            return Err(unknown(first + at, "COUNT or CLIENT"));
         }
     }
     Ok(WhoOptions {

@@ -2,6 +2,8 @@
 //! deferred work: apply the change, announce and replicate it, forget a session that ended, and
 //! hand a freed lock to the next waiter.
 
+use std::collections::HashSet;
+
 use redis_module::key::RedisKeyWritable;
 use redis_module::{Context, RedisString};
 
@@ -9,7 +11,7 @@ use crate::error::LockError;
 use crate::host::keys;
 use crate::host::server::is_cluster;
 use crate::lock::codec::State;
-use crate::lock::core::{Acquire, Lock, Mode, Refused, Request, TokenDigest};
+use crate::lock::core::{Acquire, Lock, Member, Mode, Refused, Request, TokenDigest};
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::lease_index::Entry;
@@ -80,8 +82,19 @@ fn change_of(
     }
     if event.frees() {
         if sessions::any() {
+            let place = waiters::key_ref(ctx, key);
             let lock = stored.lock();
-            sessions::keep_only(&waiters::key_ref(ctx, key), |token| lock.holds(token, now));
+            match token {
+                // A change of one hold ended at most that hold's session: one lookup, however
+                // many holders have sessions.
+                Some(token) if !lock.holds(token, now) => sessions::forget_tokens(&place, [token]),
+                Some(_) => {}
+                None => {
+                    let live: HashSet<&TokenDigest> =
+                        lock.live_holders(now).map(|(_, h)| h.token()).collect();
+                    sessions::keep_only(&place, |token| live.contains(token));
+                }
+            }
         }
         hand_over(ctx, key, stored, now);
     }
@@ -130,23 +143,38 @@ pub fn expire_overdue_within(
     if !stored.lock().is_overdue(now) {
         return false;
     }
+    let expired = remove_members(ctx, key, stored, now, Event::Expired, |lock| {
+        lock.expire_members(now, budget)
+    });
+    metrics::EXPIRED.add(expired as u64);
+    stored.lock().is_overdue(now)
+}
+
+/// Removes shared or permit holders together (`take` picks and removes them, in one pass over
+/// the holders) and follows the change once: the long-hold log, a notification each, one
+/// removal effect naming their tokens' digests, their sessions, the queue. Returns how many
+/// went.
+fn remove_members(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    event: Event,
+    take: impl FnOnce(&mut Lock) -> Vec<Member>,
+) -> usize {
     let long = holds::long_before(stored);
-    let expired = stored.update(|lock| lock.expire_members(now, budget));
-    if expired.is_empty() {
-        return false;
+    let removed = stored.update(take);
+    if removed.is_empty() {
+        return 0;
     }
     if !long.is_empty() {
-        holds::ended(stored, &long, Event::Expired, now);
+        holds::ended(stored, &long, event, now);
     }
-    let tokens: Vec<TokenDigest> = expired.iter().map(|m| *m.holder.token()).collect();
-    effects::propagate_removed(ctx, key, Event::Expired, stored, &tokens, now);
-    metrics::EXPIRED.add(tokens.len() as u64);
-    if sessions::any() {
-        let lock = stored.lock();
-        sessions::keep_only(&waiters::key_ref(ctx, key), |token| lock.holds(token, now));
-    }
+    let tokens: Vec<TokenDigest> = removed.iter().map(|m| *m.holder.token()).collect();
+    effects::propagate_removed(ctx, key, event, stored, &tokens, now);
+    sessions::forget_tokens(&waiters::key_ref(ctx, key), &tokens);
     hand_over(ctx, key, stored, now);
-    stored.lock().is_overdue(now)
+    tokens.len()
 }
 
 /// Deletes the free lock in `key` when its tombstone time is up (at once with
@@ -268,24 +296,39 @@ pub fn create_for_waiters(ctx: &Context, key: &RedisKeyWritable, key_name: &Redi
     }
 }
 
-/// Releases, as if by their holder, the session lock of a connection that closed: only the
-/// lock value the session was taken on, still held by its token.
-pub fn end_session(ctx: &Context, key_name: &RedisString, session: &Session, now: u64) {
+/// Releases, as if by their holders, the session holds a closed connection had on the lock in
+/// `key_name`: only on the lock value they were taken on, still held by their tokens. Shared
+/// and permit holds end together, in one pass over the holders.
+pub fn end_sessions(ctx: &Context, key_name: &RedisString, sessions: &[Session], now: u64) {
     let key = ctx.open_key_writable(key_name);
-    if let Ok(Some(stored)) = in_key_mut(&key) {
-        if stored.id() != session.lock_id {
-            return;
-        }
-        expire_overdue(ctx, key_name, stored, now);
-        let ended = change_hold(ctx, key_name, stored, now, &session.token, |lock| {
-            lock.end_session(&session.token, now)
-                .then_some(Event::SessionEnd)
-        });
-        if ended.is_some() {
-            metrics::SESSION_RELEASED.incr();
-        }
-        reclaim_if_due(ctx, &key, key_name, now);
+    let Ok(Some(stored)) = in_key_mut(&key) else {
+        return;
+    };
+    let tokens: HashSet<TokenDigest> = sessions
+        .iter()
+        .filter(|session| session.lock_id == stored.id())
+        .map(|session| session.token)
+        .collect();
+    if tokens.is_empty() {
+        return;
     }
+    expire_overdue(ctx, key_name, stored, now);
+    if stored.lock().group.is_some() {
+        let ended = remove_members(ctx, key_name, stored, now, Event::SessionEnd, |lock| {
+            lock.end_member_sessions(&tokens, now)
+        });
+        metrics::SESSION_RELEASED.add(ended as u64);
+    } else {
+        for token in &tokens {
+            let ended = change_hold(ctx, key_name, stored, now, token, |lock| {
+                lock.end_session(token, now).then_some(Event::SessionEnd)
+            });
+            if ended.is_some() {
+                metrics::SESSION_RELEASED.incr();
+            }
+        }
+    }
+    reclaim_if_due(ctx, &key, key_name, now);
 }
 
 /// Drops one hold of `token` on the lock in `key`, as LOCK.RELEASE does: announced and

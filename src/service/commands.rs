@@ -56,9 +56,9 @@ macro_rules! commands {
 // timeout or a count belongs (`LOCK.FENCE k <token>`) is as secret as one in its own place.
 // LOCK.APPLY and LOCK.FLOOR are flagged no-monitor and no-slowlog, and refused from clients.
 commands! {
-    LockAcquire => acquire, secrets: after_the_first;
+    LockAcquire => acquire, secrets: token_call_secrets;
     LockRelease => release, secrets: after_the_first;
-    LockRenew => renew, secrets: after_the_first;
+    LockRenew => renew, secrets: token_call_secrets;
     LockFence => fence, secrets: after_the_first;
     LockWait => wait, secrets: after_the_first;
     LockInfo => info, secrets: after_the_first;
@@ -76,6 +76,16 @@ commands! {
 /// nowhere certain when it is wrong) may be a token.
 fn after_the_first(args: &[RedisString]) -> Vec<usize> {
     (2..args.len()).collect()
+}
+
+/// A failed LOCK.ACQUIRE or LOCK.RENEW: when its shape is wrong (no integer ttl-ms after the
+/// token: the key forgotten, arguments swapped) the token may be its first argument too.
+fn token_call_secrets(args: &[RedisString]) -> Vec<usize> {
+    if args::has_ttl_in_place(args) {
+        after_the_first(args)
+    } else {
+        every_argument(args)
+    }
 }
 
 /// A failed call of a command without a key: any argument may be a token.
@@ -136,7 +146,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
-    let options = AcquireOptions::parse(ctx, options, 4)?;
+    let options = AcquireOptions::parse(options, 4, is_replayed(ctx))?;
     check_sync(ctx, options.sync)?;
     waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
@@ -267,7 +277,7 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     redact(ctx, 2);
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
-    let sync = args::renew_options(ctx, options, 4)?;
+    let sync = args::renew_options(options, 4)?;
     check_sync(ctx, sync)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
@@ -549,7 +559,7 @@ fn applied(
             metrics::DELAYED.incr();
         }
     }
-    effects::announce(ctx, key_name, event, stored);
+    effects::announce_times(ctx, key_name, event, stored, times);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))

@@ -12,7 +12,7 @@ use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
 };
 use crate::host::timer;
-use crate::lock::sessions::{self, Session};
+use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
 use crate::service::{change, effects, expiry, holds, safety, waiters};
@@ -40,9 +40,10 @@ struct Pending {
 
 static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(|| Mutex::new(Pending::default()));
 
-/// The session locks of closed connections not released yet: a connection that held thousands
-/// is worked off in slices like any other job.
-static ENDING: Mutex<VecDeque<(KeyRef, Session)>> = Mutex::new(VecDeque::new());
+/// Closed connections whose session locks are not all released yet: a connection that held
+/// thousands is worked off in slices like any other job. Its sessions stay in the session table
+/// until their turn, so a claim by another connection, or a RENAME, meanwhile is respected.
+static ENDING: Mutex<VecDeque<u64>> = Mutex::new(VecDeque::new());
 
 fn pending() -> MutexGuard<'static, Pending> {
     locked(&PENDING)
@@ -68,16 +69,22 @@ fn next_job() -> Option<Job> {
     pending().jobs.pop()
 }
 
-/// Releases the session locks of closed connections until the slice that began at `started` is
-/// used up.
+/// Releases the session locks of closed connections, a key at a time, until the slice that
+/// began at `started` is used up.
 fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     loop {
-        let next = locked(&ENDING).pop_front();
-        let Some(((db, key), session)) = next else {
+        let Some(client) = locked(&ENDING).front().copied() else {
             return;
         };
-        if select_db(ctx, db) {
-            change::end_session(ctx, &key_string(ctx, &key), &session, now);
+        match sessions::take_closed(client) {
+            Some(((db, key), sessions)) => {
+                if select_db(ctx, db) {
+                    change::end_sessions(ctx, &key_string(ctx, &key), &sessions, now);
+                }
+            }
+            None => {
+                locked(&ENDING).pop_front();
+            }
         }
         if started.elapsed() >= SLICE {
             return;
@@ -123,7 +130,7 @@ fn run(ctx: &Context) {
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) | Job::EndSessions if !primary => locked(&ENDING).clear(),
             Job::SessionLost(client) => {
-                locked(&ENDING).extend(sessions::disconnected(client));
+                locked(&ENDING).push_back(client);
                 end_sessions(ctx, now, started);
             }
             Job::EndSessions => end_sessions(ctx, now, started),

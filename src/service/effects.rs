@@ -42,6 +42,23 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
     }
 }
 
+/// [`announce`] of a change that happened to `times` holders together: a notification each, the
+/// rest once.
+pub fn announce_times(
+    ctx: &Context,
+    key: &RedisString,
+    event: Event,
+    stored: &Stored,
+    times: usize,
+) {
+    announce(ctx, key, event, stored);
+    if let Some(name) = event.notification() {
+        for _ in 1..times {
+            keys::notify(ctx, NotifyEvent::MODULE, name, key);
+        }
+    }
+}
+
 /// Tells the rest of the server that the lock under `key` was deleted by the module, as DEL
 /// would: WATCH invalidation and the `del` event. (Its lease index entries left with its value.)
 pub fn announce_deleted(ctx: &Context, key: &RedisString) {
@@ -97,12 +114,7 @@ pub fn propagate_removed(
     tokens: &[TokenDigest],
     now: u64,
 ) {
-    announce(ctx, key, event, stored);
-    if let Some(name) = event.notification() {
-        for _ in 1..tokens.len() {
-            keys::notify(ctx, NotifyEvent::MODULE, name, key);
-        }
-    }
+    announce_times(ctx, key, event, stored, tokens.len());
     let args = codec::removals_effect_args(event, stored.lock(), tokens, now);
     replicate_apply(ctx, key, &args);
 }

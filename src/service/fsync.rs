@@ -31,9 +31,10 @@
 //! it yet. The worker opens the files afresh each time, so an error the server's own fsync saw
 //! first would be missed by it; the server then reports `aof_last_write_status:err` until its
 //! next successful fsync (about a second later with `everysec`; `always` stops the server), which
-//! is why that status is read both before the worker starts and after it finished. An error the
-//! worker sees itself marks the file: the data in it may be lost in the middle, so nothing is
-//! confirmed again until a rewrite has replaced that file (its data then lives in the new base).
+//! is why that status is read both before the worker starts and after it finished, and why a
+//! job that took 0.9 s or more between the two reads confirms nothing. An error the worker sees
+//! itself marks the file: the data in it may be lost in the middle, so nothing is confirmed
+//! again until a rewrite has replaced that file (its data then lives in the new base).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -58,6 +59,14 @@ static WANTED: AtomicU64 = AtomicU64::new(0);
 static FSYNCED: AtomicU64 = AtomicU64::new(0);
 /// The turn the worker's last fsync covers, not yet confirmed by the main thread (0: none).
 static WORKER_FSYNCED: AtomicU64 = AtomicU64::new(0);
+/// When the main thread last read the server's AOF status as fine and handed the worker a job
+/// (`metrics::monotonic_us`).
+static JOB_SENT_US: AtomicU64 = AtomicU64::new(0);
+/// The longest a job may take, from the status read before it to the one after, and still be
+/// confirmed: the server reports a failed fsync of its own for about a second (until its next
+/// fsync succeeds, with `appendfsync everysec`), so within this the two reads cannot both miss
+/// it.
+const JOB_WITHIN_US: u64 = 900_000;
 /// The worker is fsyncing.
 static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
 /// After a failed try, none is made before this time (`metrics::monotonic_us`).
@@ -117,10 +126,13 @@ pub fn after_sleep(ctx: &Context) {
         let state = aof_written(ctx);
         let server_ok = state.is_some_and(|s| s.enabled && s.write_ok);
         if worker_done > fsynced_through() {
-            if server_ok {
-                FSYNCED.fetch_max(worker_done, Ordering::AcqRel);
-            } else {
+            let took = metrics::monotonic_us().saturating_sub(JOB_SENT_US.load(Ordering::Relaxed));
+            if !server_ok {
                 refused(NotDurable::ServerWriteError);
+            } else if took >= JOB_WITHIN_US {
+                refused(NotDurable::Slow);
+            } else {
+                FSYNCED.fetch_max(worker_done, Ordering::AcqRel);
             }
         }
         if start && server_ok && state.is_some_and(|s| s.buffer_empty) {
@@ -136,6 +148,7 @@ fn send(ctx: &Context, through: u64) {
         return;
     };
     IN_FLIGHT.store(true, Ordering::Release);
+    JOB_SENT_US.store(metrics::monotonic_us(), Ordering::Relaxed);
     if locked(worker).send(Job { through, files }).is_err() {
         IN_FLIGHT.store(false, Ordering::Release);
     }
@@ -210,10 +223,13 @@ enum NotDurable {
     FailedBefore,
     /// The server reports a failed AOF write or fsync of its own.
     ServerWriteError,
+    /// The fsync took too long for the server's own status, read before and after, to be
+    /// sure to show a failure meanwhile.
+    Slow,
 }
 
 impl NotDurable {
-    const ALL: [NotDurable; 8] = [
+    const ALL: [NotDurable; 9] = [
         NotDurable::NoManifest,
         NotDurable::BadManifest,
         NotDurable::NoIncrementalFile,
@@ -222,6 +238,7 @@ impl NotDurable {
         NotDurable::Io,
         NotDurable::FailedBefore,
         NotDurable::ServerWriteError,
+        NotDurable::Slow,
     ];
 
     fn describe(self) -> &'static str {
@@ -242,6 +259,10 @@ impl NotDurable {
             }
             NotDurable::ServerWriteError => {
                 "the server reports a failed AOF write or fsync (aof_last_write_status:err)"
+            }
+            NotDurable::Slow => {
+                "an fsync of the AOF took 0.9 s or more, long enough for a failed fsync of the \
+                 server's own to go unseen"
             }
         }
     }

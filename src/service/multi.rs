@@ -9,7 +9,9 @@ use redis_module::{Context, RedisString, RedisValue};
 use crate::error::LockError;
 use crate::host::command::CommandResult;
 use crate::host::keys::redact;
-use crate::host::server::{caller_id, client_id, connection_of, may_block, now_ms, parse_integer};
+use crate::host::server::{
+    caller_id, client_id, connection_of, is_replayed, may_block, now_ms, parse_integer,
+};
 use crate::lock::core::{recorded_connection, Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
@@ -30,32 +32,52 @@ pub const MAX_KEYS: usize = 1024;
 /// `object`, a NOPERM error) before the module can refuse the call. A call that declares none
 /// is refused by the module itself, changing nothing.
 pub fn key_positions(args: &[RedisString], shape: Shape) -> Vec<(usize, u32)> {
-    let Some(count) = args
-        .get(1)
-        .and_then(parse_integer)
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|n| (1..=MAX_KEYS).contains(n))
-    else {
+    let Some(count) = keys_if_shaped(args, shape) else {
         return Vec::new();
     };
-    let after = args.len().saturating_sub(2 + count);
-    let fits = match shape {
-        // `token` and nothing more.
-        Shape::Release => args.len() >= 2 + count && after == 1,
-        // `token ttl-ms [options]`, the ttl an integer.
-        Shape::Acquire => {
-            args.len() >= 2 + count
-                && after >= 2
-                && args.get(3 + count).and_then(parse_integer).is_some()
-        }
-    };
-    if !fits {
-        return Vec::new();
-    }
     let flags = redis_module::raw::REDISMODULE_CMD_KEY_RW
         | redis_module::raw::REDISMODULE_CMD_KEY_ACCESS
         | redis_module::raw::REDISMODULE_CMD_KEY_UPDATE;
     (2..2 + count).map(|position| (position, flags)).collect()
+}
+
+/// The options of LOCK.ACQUIRE that LOCK.MACQUIRE does not take.
+fn refuse_unsupported(options: &AcquireOptions) -> Result<(), LockError> {
+    for (given, name) in [
+        (options.reentrant, "REENTRANT"),
+        (options.sync.is_some_and(|s| s.fsync_ms.is_some()), "FSYNC"),
+        (options.sync.is_some(), "SYNC"),
+        (options.shared, "SHARED"),
+        (options.limit.is_some(), "LIMIT"),
+    ] {
+        if given {
+            return Err(LockError::NotForMulti(name));
+        }
+    }
+    Ok(())
+}
+
+/// The number of keys when `args` (the command name first) has the shape of `shape` around them,
+/// as the command itself reads them: numkeys keys, then for LOCK.MRELEASE the token alone, for
+/// LOCK.MACQUIRE the token, an integer ttl-ms and options LOCK.MACQUIRE takes. Whatever the
+/// server's limits say (those are the command's to check).
+fn keys_if_shaped(args: &[RedisString], shape: Shape) -> Option<usize> {
+    let after: &'static [&'static str] = match shape {
+        Shape::Release => &["token"],
+        Shape::Acquire => &["token", "ttl-ms"],
+    };
+    let (keys, rest) = counted_keys(args.get(1..).unwrap_or_default(), after).ok()?;
+    let shaped = match (shape, rest) {
+        (Shape::Release, [_token]) => true,
+        (Shape::Acquire, [_token, ttl, options @ ..]) => {
+            args::duration(ttl, "ttl-ms").is_ok()
+                && AcquireOptions::parse(options, keys.len() + 4, true)
+                    .and_then(|options| refuse_unsupported(&options))
+                    .is_ok()
+        }
+        _ => false,
+    };
+    shaped.then_some(keys.len())
 }
 
 /// What follows the keys of a multi-key command.
@@ -115,18 +137,8 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     redact(ctx, i32::try_from(token_position).unwrap_or(i32::MAX));
     let token = args::token(ctx, token)?;
     let ttl = args::ttl(ctx, ttl)?;
-    let options = AcquireOptions::parse(ctx, options, token_position + 2)?;
-    for (given, name) in [
-        (options.reentrant, "REENTRANT"),
-        (options.sync.is_some_and(|s| s.fsync_ms.is_some()), "FSYNC"),
-        (options.sync.is_some(), "SYNC"),
-        (options.shared, "SHARED"),
-        (options.limit.is_some(), "LIMIT"),
-    ] {
-        if given {
-            return Err(LockError::NotForMulti(name));
-        }
-    }
+    let options = AcquireOptions::parse(options, token_position + 2, is_replayed(ctx))?;
+    refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
     let client = caller_id(ctx);

@@ -105,7 +105,7 @@ pub fn who(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let [_, key_name, options @ ..] = args else {
         return Err(LockError::WrongArity);
     };
-    let options = args::who_options(ctx, options, 2)?;
+    let options = args::who_options(options, 2)?;
     let key = ctx.open_key(key_name);
     let stored = in_key(&key)?;
     let (db, name) = waiters::key_ref(ctx, key_name);
