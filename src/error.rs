@@ -67,6 +67,8 @@ pub enum LockError {
     FsyncCannotWait,
     /// FSYNC on a server without the AOF.
     FsyncNeedsAof,
+    /// SESSION inside a script: the script's client is not a connection, and never closes.
+    SessionInScript,
     /// SYNC or FSYNC sent to a (writable) replica, whose changes reach no other replica and
     /// give way to its primary's data at the next sync.
     SyncOnReplica,
@@ -179,6 +181,9 @@ impl LockError {
                  WAITAOF after EXEC instead"
                 .into(),
             LockError::FsyncNeedsAof => "ERR FSYNC needs appendonly yes".into(),
+            LockError::SessionInScript => "ERR SESSION cannot be kept inside a script, whose \
+                 client never closes; acquire the lock outside the script"
+                .into(),
             LockError::SyncOnReplica => "ERR SYNC and FSYNC cannot be kept on a replica, whose \
                  changes its primary's next sync replaces: send the command to the primary"
                 .into(),

@@ -226,6 +226,11 @@ pub fn replication_acks(ctx: &Context) -> Option<(i64, Vec<i64>)> {
     Some((offset, acked))
 }
 
+/// True inside a script or function (run by a client of the server's own, not a connection).
+pub fn in_script(ctx: &Context) -> bool {
+    ctx.get_flags().contains(ContextFlags::LUA)
+}
+
 /// True inside MULTI/EXEC or a script (or function): Redis serves the clients blocked on keys
 /// only after the whole transaction or script, and so does the module.
 pub fn in_multi_or_script(ctx: &Context) -> bool {

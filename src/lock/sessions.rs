@@ -302,26 +302,34 @@ pub fn owns_any(client: u64) -> bool {
     with(|s| s.by_client.contains_key(&client))
 }
 
-/// One key on which the closed connection `client` still owns sessions, with those sessions,
-/// taken out of the table now (not when the connection closed: a session another connection
-/// claimed meanwhile is no longer its, and a key renamed meanwhile is found under its new
-/// name). `None` once it owns none.
-pub fn take_closed(client: u64) -> Option<(KeyRef, Vec<Session>)> {
+/// The keys on which `client` owns sessions now.
+pub fn keys_of(client: u64) -> Vec<KeyRef> {
     with(|s| {
-        let (key, tokens) = {
-            let keys = s.by_client.get(&client)?;
-            let (key, tokens) = keys.iter().next()?;
-            (key.clone(), tokens.iter().copied().collect::<Vec<_>>())
-        };
-        let sessions = s.remove_tokens(&key, &tokens, Some(client));
-        // Whatever the table says, the client owns nothing more on this key.
-        if let Some(keys) = s.by_client.get_mut(&client) {
-            keys.remove(&key);
-            if keys.is_empty() {
-                s.by_client.remove(&client);
-            }
+        s.by_client
+            .get(&client)
+            .map(|keys| keys.keys().cloned().collect())
+            .unwrap_or_default()
+    })
+}
+
+/// At most `max` of the sessions the closed connection `client` still owns on `key`, taken
+/// out of the table now (not when the connection closed: a session another connection claimed
+/// meanwhile is no longer its, and one whose key was renamed meanwhile is under its new name,
+/// found by [`keys_of`] again). Fewer than `max`: it owns none there any more.
+pub fn take_closed(client: u64, key: &KeyRef, max: usize) -> Vec<Session> {
+    with(|s| {
+        let tokens: Vec<TokenDigest> = s
+            .by_client
+            .get(&client)
+            .and_then(|keys| keys.get(key))
+            .map(|tokens| tokens.iter().take(max).copied().collect())
+            .unwrap_or_default();
+        let sessions = s.remove_tokens(key, &tokens, Some(client));
+        // Whatever the table said of them, these tokens are no longer the client's there.
+        for token in &tokens {
+            s.unlink(client, key, token);
         }
-        Some((key, sessions))
+        sessions
     })
 }
 
@@ -333,13 +341,25 @@ mod tests {
         (db, name.as_bytes().into())
     }
 
-    /// Every session a closed connection still owns, key by key as they are taken.
+    /// Every session a closed connection still owns, key by key as they are taken, one at a
+    /// time.
     fn disconnected(client: u64) -> Vec<(KeyRef, Session)> {
         let mut owned = Vec::new();
-        while let Some((key, sessions)) = take_closed(client) {
-            owned.extend(sessions.into_iter().map(|session| (key.clone(), session)));
+        loop {
+            let keys = keys_of(client);
+            if keys.is_empty() {
+                return owned;
+            }
+            for key in keys {
+                loop {
+                    let taken = take_closed(client, &key, 1);
+                    if taken.is_empty() {
+                        break;
+                    }
+                    owned.extend(taken.into_iter().map(|session| (key.clone(), session)));
+                }
+            }
         }
-        owned
     }
 
     fn session(client: u64, token: &[u8], lock_id: u64) -> Session {

@@ -5,7 +5,7 @@ use redis_module::{Context, RedisString};
 
 use crate::config;
 use crate::error::LockError;
-use crate::host::server::{is_replayed, parse_integer};
+use crate::host::server::{in_script, is_replayed, parse_integer};
 use crate::lock::core::{valid_label, Mode, TokenDigest, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
 
@@ -326,6 +326,14 @@ pub fn renew_options(args: &[RedisString], first: usize) -> Result<Option<SyncRe
         }
     }
     Ok(SyncRequest::with_fsync(sync, fsync))
+}
+
+/// SESSION needs a connection to close: a script's client never does.
+pub fn check_session(ctx: &Context, session: bool) -> Result<(), LockError> {
+    if session && in_script(ctx) {
+        return Err(LockError::SessionInScript);
+    }
+    Ok(())
 }
 
 /// True when `args` (a whole `LOCK.ACQUIRE` or `LOCK.RENEW key token ttl-ms [options]` call,

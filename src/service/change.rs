@@ -211,10 +211,10 @@ pub fn reclaim_if_due(
     true
 }
 
-/// How many shared or permit holders of one key the lease timer expires before it looks at the
-/// clock again (see `expiry::on_due`): a key with ten thousand holders whose leases end together
-/// is expired in slices too.
-const EXPIRE_SLICE: usize = 512;
+/// How many shared or permit holds of one key a background job ends before it looks at the clock
+/// again (the lease timer, see `expiry::on_due`; a closed connection's sessions, see
+/// `deferred`): a key with ten thousand holders ending together is worked off in slices too.
+pub const HOLDS_PER_STEP: usize = 512;
 
 /// The lease index's entry `entry` for the lock under `key` (in the selected db) came due:
 /// expires it if its lease has run out, reclaims it if it is free and its tombstone time is up.
@@ -230,7 +230,7 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, entry: Entry, n
             holds::cross(ctx, key_name, stored, now);
             // In slices: holders left overdue keep the entry due now, and the timer comes back
             // to them after looking at the clock.
-            expire_overdue_within(ctx, key_name, stored, now, EXPIRE_SLICE);
+            expire_overdue_within(ctx, key_name, stored, now, HOLDS_PER_STEP);
             if stored.take_wake(now) {
                 // A lock-delay ended: the queue is served now.
                 hand_over(ctx, key_name, stored, now);
@@ -296,6 +296,9 @@ pub fn create_for_waiters(ctx: &Context, key: &RedisKeyWritable, key_name: &Redi
     }
 }
 
+/// How many holds of one key end one by one rather than in a pass over its holders.
+const FEW: usize = 8;
+
 /// Releases, as if by their holders, the session holds a closed connection had on the lock in
 /// `key_name`: only on the lock value they were taken on, still held by their tokens. Shared
 /// and permit holds end together, in one pass over the holders.
@@ -313,7 +316,9 @@ pub fn end_sessions(ctx: &Context, key_name: &RedisString, sessions: &[Session],
         return;
     }
     expire_overdue(ctx, key_name, stored, now);
-    if stored.lock().group.is_some() {
+    // Many holds at once: one pass over the key's holders. A few (a reader's connection
+    // closing): each found as a release finds it, without a pass over them all.
+    if stored.lock().group.is_some() && tokens.len() > FEW {
         let ended = remove_members(ctx, key_name, stored, now, Event::SessionEnd, |lock| {
             lock.end_member_sessions(&tokens, now)
         });

@@ -148,6 +148,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let options = AcquireOptions::parse(options, 4, is_replayed(ctx))?;
     check_sync(ctx, options.sync)?;
+    args::check_session(ctx, options.session)?;
     waiters::check_may_queue(ctx, options.wait)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);

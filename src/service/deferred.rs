@@ -43,7 +43,14 @@ static PENDING: LazyLock<Mutex<Pending>> = LazyLock::new(|| Mutex::new(Pending::
 /// Closed connections whose session locks are not all released yet: a connection that held
 /// thousands is worked off in slices like any other job. Its sessions stay in the session table
 /// until their turn, so a claim by another connection, or a RENAME, meanwhile is respected.
-static ENDING: Mutex<VecDeque<u64>> = Mutex::new(VecDeque::new());
+static ENDING: Mutex<VecDeque<Closed>> = Mutex::new(VecDeque::new());
+
+/// A closed connection, and the keys it owned sessions on when last looked (looked again once
+/// they are done: a key renamed meanwhile is under its new name).
+struct Closed {
+    client: u64,
+    keys: VecDeque<KeyRef>,
+}
 
 fn pending() -> MutexGuard<'static, Pending> {
     locked(&PENDING)
@@ -69,21 +76,35 @@ fn next_job() -> Option<Job> {
     pending().jobs.pop()
 }
 
-/// Releases the session locks of closed connections, a key at a time, until the slice that
-/// began at `started` is used up.
+/// Releases the session locks of closed connections, a key and at most
+/// `change::HOLDS_PER_STEP` holds at a time, until the slice that began at `started` is used up.
 fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     loop {
-        let Some(client) = locked(&ENDING).front().copied() else {
-            return;
-        };
-        match sessions::take_closed(client) {
-            Some(((db, key), sessions)) => {
-                if select_db(ctx, db) {
-                    change::end_sessions(ctx, &key_string(ctx, &key), &sessions, now);
+        let next = {
+            let mut ending = locked(&ENDING);
+            let Some(closed) = ending.front_mut() else {
+                return;
+            };
+            if closed.keys.is_empty() {
+                closed.keys = sessions::keys_of(closed.client).into();
+            }
+            match closed.keys.front() {
+                Some(key) => Some((closed.client, key.clone())),
+                None => {
+                    ending.pop_front();
+                    None
                 }
             }
-            None => {
-                locked(&ENDING).pop_front();
+        };
+        if let Some((client, (db, key))) = next {
+            let taken = sessions::take_closed(client, &(db, key.clone()), change::HOLDS_PER_STEP);
+            if taken.len() < change::HOLDS_PER_STEP {
+                if let Some(closed) = locked(&ENDING).front_mut() {
+                    closed.keys.pop_front();
+                }
+            }
+            if !taken.is_empty() && select_db(ctx, db) {
+                change::end_sessions(ctx, &key_string(ctx, &key), &taken, now);
             }
         }
         if started.elapsed() >= SLICE {
@@ -130,7 +151,10 @@ fn run(ctx: &Context) {
             // Sessions end only on the primary; a replica's sessions died with its role.
             Job::SessionLost(_) | Job::EndSessions if !primary => locked(&ENDING).clear(),
             Job::SessionLost(client) => {
-                locked(&ENDING).push_back(client);
+                locked(&ENDING).push_back(Closed {
+                    client,
+                    keys: VecDeque::new(),
+                });
                 end_sessions(ctx, now, started);
             }
             Job::EndSessions => end_sessions(ctx, now, started),

@@ -57,11 +57,20 @@ static TURN: AtomicU64 = AtomicU64::new(1);
 static WANTED: AtomicU64 = AtomicU64::new(0);
 /// Every change made up to this turn is fsynced.
 static FSYNCED: AtomicU64 = AtomicU64::new(0);
-/// The turn the worker's last fsync covers, not yet confirmed by the main thread (0: none).
-static WORKER_FSYNCED: AtomicU64 = AtomicU64::new(0);
-/// When the main thread last read the server's AOF status as fine and handed the worker a job
-/// (`metrics::monotonic_us`).
-static JOB_SENT_US: AtomicU64 = AtomicU64::new(0);
+/// The worker's last fsync, not yet confirmed by the main thread.
+static WORKER_DONE: Mutex<Option<Done>> = Mutex::new(None);
+/// [`WORKER_DONE`] holds one (so the main thread looks at the mutex only then).
+static WORKER_DONE_READY: AtomicBool = AtomicBool::new(false);
+
+/// What a finished job fsynced, and when it was handed over.
+#[derive(Clone, Copy)]
+struct Done {
+    /// Every change made up to this turn is in the files it fsynced.
+    through: u64,
+    /// When the main thread read the server's AOF status as fine and sent the job
+    /// (`metrics::monotonic_us`).
+    sent_us: u64,
+}
 /// The longest a job may take, from the status read before it to the one after, and still be
 /// confirmed: the server reports a failed fsync of its own for about a second (until its next
 /// fsync succeeds, with `appendfsync everysec`), so within this the two reads cannot both miss
@@ -85,7 +94,7 @@ struct AofFiles {
 }
 
 struct Job {
-    through: u64,
+    done: Done,
     files: AofFiles,
 }
 
@@ -118,21 +127,25 @@ pub fn fsynced_through() -> u64 {
 pub fn after_sleep(ctx: &Context) {
     let written = TURN.fetch_add(1, Ordering::Relaxed);
     WAKE_ASKED.store(false, Ordering::Relaxed);
-    let worker_done = WORKER_FSYNCED.swap(0, Ordering::AcqRel);
+    let worker_done = WORKER_DONE_READY
+        .swap(false, Ordering::AcqRel)
+        .then(|| locked(&WORKER_DONE).take())
+        .flatten()
+        .filter(|done| done.through > fsynced_through());
     let start = WANTED.load(Ordering::Relaxed) > fsynced_through()
         && !IN_FLIGHT.load(Ordering::Acquire)
         && metrics::monotonic_us() >= RETRY_AT.load(Ordering::Relaxed);
-    if worker_done > fsynced_through() || start {
+    if worker_done.is_some() || start {
         let state = aof_written(ctx);
         let server_ok = state.is_some_and(|s| s.enabled && s.write_ok);
-        if worker_done > fsynced_through() {
-            let took = metrics::monotonic_us().saturating_sub(JOB_SENT_US.load(Ordering::Relaxed));
+        if let Some(done) = worker_done {
+            let took = metrics::monotonic_us().saturating_sub(done.sent_us);
             if !server_ok {
                 refused(NotDurable::ServerWriteError);
             } else if took >= JOB_WITHIN_US {
                 refused(NotDurable::Slow);
             } else {
-                FSYNCED.fetch_max(worker_done, Ordering::AcqRel);
+                FSYNCED.fetch_max(done.through, Ordering::AcqRel);
             }
         }
         if start && server_ok && state.is_some_and(|s| s.buffer_empty) {
@@ -148,8 +161,11 @@ fn send(ctx: &Context, through: u64) {
         return;
     };
     IN_FLIGHT.store(true, Ordering::Release);
-    JOB_SENT_US.store(metrics::monotonic_us(), Ordering::Relaxed);
-    if locked(worker).send(Job { through, files }).is_err() {
+    let done = Done {
+        through,
+        sent_us: metrics::monotonic_us(),
+    };
+    if locked(worker).send(Job { done, files }).is_err() {
         IN_FLIGHT.store(false, Ordering::Release);
     }
 }
@@ -193,7 +209,13 @@ fn worker() -> Option<&'static Mutex<Sender<Job>>> {
                 let outcome = result.unwrap_or(Err(NotDurable::Io));
                 if outcome.is_ok() {
                     metrics::FSYNCS.incr();
-                    WORKER_FSYNCED.fetch_max(job.through, Ordering::AcqRel);
+                    // A later job covers what an earlier one did, timed from its own start.
+                    let mut slot = locked(&WORKER_DONE);
+                    if slot.is_none_or(|earlier| earlier.through < job.done.through) {
+                        *slot = Some(job.done);
+                    }
+                    drop(slot);
+                    WORKER_DONE_READY.store(true, Ordering::Release);
                     REFUSAL.store(0, Ordering::Relaxed);
                 } else if let Err(why) = outcome {
                     refused(why);

@@ -140,6 +140,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let options = AcquireOptions::parse(options, token_position + 2, is_replayed(ctx))?;
     refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
+    args::check_session(ctx, options.session)?;
     let now = now_ms();
     let client = caller_id(ctx);
     let connection = recorded_connection(connection_of(ctx, client));
