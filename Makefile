@@ -166,6 +166,14 @@ bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and
 	@bench/chart.sh
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
 
+# The budget CI keeps (bench/budget.rs): server CPU per request of ACQUIRE, RELEASE, RENEW and
+# FENCE against SET NX PX, the two scripts and GET (INFO commandstats usec_per_call, median of 9
+# interleaved rounds), and used_memory per held lock against SET PX, each checked against its
+# floor in bench/budget; fails when one is over budget. About 40 s plus the release build.
+.PHONY: bench-budget
+bench-budget: release ## The hot path's budget (bench/budget): fails when a ratio falls below its floor
+	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example budget
+
 # The module against etcd and ZooKeeper (bench/peers/peers.py): one contention loop, 16 worker
 # processes on one lock, against the module alone, the module with a replica (with and without
 # SYNC 1 1000), a 3-member etcd (its Lock RPC) and a 3-server ZooKeeper (kazoo's Lock), all on
