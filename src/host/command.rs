@@ -42,8 +42,8 @@ pub extern "C" fn entry<C: Command>(
 ) -> c_int {
     let context = Context::new(ctx);
     as_call(&context, || {
-        let args = borrowed_args(ctx, argv, argc);
-        let args = as_strings(&args);
+        let args = BorrowedArgs::of(ctx, argv, argc);
+        let args = args.as_strings();
         let outcome = guarded(Err(LockError::internal("a command panicked")), || {
             C::run(&context, args)
         });
@@ -75,8 +75,8 @@ pub extern "C" fn entry_declaring_keys<C: DeclaresKeys>(
     let context = Context::new(ctx);
     if call::is_keys_position_request(&context) {
         guarded((), || {
-            let args = borrowed_args(ctx, argv, argc);
-            for (position, flags) in C::keys(&context, as_strings(&args)) {
+            let args = BorrowedArgs::of(ctx, argv, argc);
+            for (position, flags) in C::keys(&context, args.as_strings()) {
                 call::declare_key(&context, position, flags);
             }
         });
@@ -85,28 +85,53 @@ pub extern "C" fn entry_declaring_keys<C: DeclaresKeys>(
     entry::<C>(ctx, argv, argc)
 }
 
+/// How many arguments a command's strings are kept for on the stack: every LOCK.* command but
+/// a long MACQUIRE or MRELEASE, which take a vector.
+const FEW_ARGS: usize = 12;
+
 /// The command's arguments as strings borrowed from Redis for the call: no retain, no free
-/// (`ManuallyDrop` keeps `RedisString`'s Drop from freeing what Redis owns).
-fn borrowed_args(
-    ctx: *mut raw::RedisModuleCtx,
-    argv: *mut *mut raw::RedisModuleString,
-    argc: c_int,
-) -> Vec<ManuallyDrop<RedisString>> {
-    let count = usize::try_from(argc).unwrap_or(0);
-    if argv.is_null() || count == 0 {
-        return Vec::new();
-    }
-    // SAFETY: Redis passes argc valid strings that live until the command returns.
-    let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
-    raw_args
-        .iter()
-        .map(|&arg| ManuallyDrop::new(RedisString::from_redis_module_string(ctx, arg)))
-        .collect()
+/// (`ManuallyDrop` keeps `RedisString`'s Drop from freeing what Redis owns). A few of them stay
+/// on the stack: no allocation for a command's arguments.
+enum BorrowedArgs {
+    Few([ManuallyDrop<RedisString>; FEW_ARGS], usize),
+    Many(Vec<ManuallyDrop<RedisString>>),
 }
 
-fn as_strings(args: &[ManuallyDrop<RedisString>]) -> &[RedisString] {
-    // SAFETY: ManuallyDrop<T> is repr(transparent) over T, so the slices have the same layout.
-    unsafe { std::slice::from_raw_parts(args.as_ptr().cast(), args.len()) }
+impl BorrowedArgs {
+    fn of(
+        ctx: *mut raw::RedisModuleCtx,
+        argv: *mut *mut raw::RedisModuleString,
+        argc: c_int,
+    ) -> BorrowedArgs {
+        let count = usize::try_from(argc).unwrap_or(0);
+        if argv.is_null() || count == 0 {
+            return BorrowedArgs::Many(Vec::new());
+        }
+        // SAFETY: Redis passes argc valid strings that live until the command returns.
+        let raw_args = unsafe { std::slice::from_raw_parts(argv, count) };
+        let borrow = |arg: *mut raw::RedisModuleString| {
+            ManuallyDrop::new(RedisString::from_redis_module_string(ctx, arg))
+        };
+        if count <= FEW_ARGS {
+            // The slots past `count` hold null strings that are never read (see `as_strings`)
+            // and never dropped.
+            let few = std::array::from_fn(|at| {
+                borrow(raw_args.get(at).copied().unwrap_or(std::ptr::null_mut()))
+            });
+            BorrowedArgs::Few(few, count)
+        } else {
+            BorrowedArgs::Many(raw_args.iter().map(|&arg| borrow(arg)).collect())
+        }
+    }
+
+    fn as_strings(&self) -> &[RedisString] {
+        let args: &[ManuallyDrop<RedisString>] = match self {
+            BorrowedArgs::Few(few, count) => few.get(..*count).unwrap_or_default(),
+            BorrowedArgs::Many(many) => many,
+        };
+        // SAFETY: ManuallyDrop<T> is repr(transparent) over T, so the slices have the same layout.
+        unsafe { std::slice::from_raw_parts(args.as_ptr().cast(), args.len()) }
+    }
 }
 
 /// Sends a command's reply. If building it fails (a bug), still answers with an error so the

@@ -1,8 +1,11 @@
 //! The server around a call: the clock, the selected database, the calling client and the
 //! context's flags.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::Deref;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue};
@@ -322,10 +325,38 @@ fn client_addr(client: u64) -> Option<Box<[u8]>> {
 /// grant records its client's address without a system call each time. Entries leave when
 /// their client disconnects ([`forget_client`]); the map is emptied should it ever grow past
 /// [`ADDRS_MAX`] (a missed disconnect).
-static ADDRS: Mutex<Option<HashMap<u64, Box<[u8]>>>> = Mutex::new(None);
+static ADDRS: Mutex<Option<ByClient<Box<[u8]>>>> = Mutex::new(None);
 const ADDRS_MAX: usize = 100_000;
 
-fn addrs() -> MutexGuard<'static, Option<HashMap<u64, Box<[u8]>>>> {
+/// A map keyed by client id. The server hands out ids in sequence and no client picks its own,
+/// so a multiply-and-shift hash spreads them well and no input can aim at one bucket: SipHash
+/// cost more than the rest of the address lookup on every grant.
+pub type ByClient<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// The hasher of [`ByClient`]: Fibonacci hashing of the one u64 it is given.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed here; anything else is folded in byte by byte all the same.
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = (self.0 ^ id)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .rotate_left(26);
+    }
+}
+
+fn addrs() -> MutexGuard<'static, Option<ByClient<Box<[u8]>>>> {
     ADDRS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -358,22 +389,72 @@ pub fn connection_of(ctx: &Context, client: u64) -> Vec<u8> {
     if client == 0 {
         return Vec::new();
     }
+    let mut text = Vec::new();
+    write_connection(ctx, client, &mut text);
+    text
+}
+
+/// [`connection_of`], written into `out` (emptied first).
+fn write_connection(ctx: &Context, client: u64, out: &mut Vec<u8>) {
+    out.clear();
+    if client == 0 {
+        return;
+    }
     let mut addrs = addrs();
-    let addrs = addrs.get_or_insert_with(HashMap::new);
+    let addrs = addrs.get_or_insert_with(ByClient::default);
     if !addrs.contains_key(&client) {
         let Some(addr) = client_addr(client) else {
-            return Vec::new();
+            return;
         };
         if addrs.len() >= ADDRS_MAX {
             addrs.clear();
         }
         addrs.insert(client, addr);
     }
-    let mut text = Vec::new();
     if let Some(addr) = addrs.get(&client) {
-        append_connection(ctx, client, addr, &mut text);
+        append_connection(ctx, client, addr, out);
     }
-    text
+}
+
+thread_local! {
+    /// The buffer a [`Connection`] is written into, handed back when it is dropped: recording
+    /// a grant's connection allocates nothing once the first grant warmed it up.
+    static SCRATCH: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// [`connection_of`] in a buffer reused from command to command (a nested one, should there
+/// ever be, gets a buffer of its own).
+pub struct Connection(Vec<u8>);
+
+impl Connection {
+    pub fn of(ctx: &Context, client: u64) -> Connection {
+        let mut text = SCRATCH.take();
+        write_connection(ctx, client, &mut text);
+        Connection(text)
+    }
+
+    /// The text, to change in place (a name cut to what a grant keeps).
+    pub fn text_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.0
+    }
+}
+
+impl Deref for Connection {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let text = std::mem::take(&mut self.0);
+        // An unusually long name leaves its buffer to the allocator.
+        if text.capacity() <= 1024 {
+            SCRATCH.set(text);
+        }
+    }
 }
 
 /// True when client `client` is connected now from `addr`, as far as grants have seen it: its

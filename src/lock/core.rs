@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use crate::error::LockError;
+use crate::lock::text::Text;
 pub use crate::lock::token::TokenDigest;
 
 /// How many fences fit into one millisecond of the fence clock (see [`next_fence`]).
@@ -71,7 +72,7 @@ pub struct Grant {
     /// label have no space, a name only in the mark of a cut, see [`recorded_connection`]):
     /// that client's address and name, and the public label the hold was given (see
     /// [`Grant::who`]).
-    text: Box<[u8]>,
+    text: Text,
 }
 
 /// The parts of a [`Grant::who`] text: address, name, label (each empty when missing): the
@@ -102,11 +103,16 @@ pub fn split_connection(connection: &[u8]) -> [&[u8]; 2] {
 /// What a grant or a queued waiter records of a connection's `addr name`: the name cut to
 /// `lock::KEPT_BYTES` (see `lock::kept`). A client chooses its name and Redis sets no limit,
 /// while a hold's copy travels with every change of it (the AOF, replicas, RDB).
-pub fn recorded_connection(connection: Vec<u8>) -> Vec<u8> {
-    let [addr, name] = split_connection(&connection);
-    match super::kept(name) {
-        Cow::Owned(cut) => [addr, b" ", &cut].concat(),
-        Cow::Borrowed(_) => connection,
+pub fn recorded_connection(mut connection: Vec<u8>) -> Vec<u8> {
+    record_connection(&mut connection);
+    connection
+}
+
+/// [`recorded_connection`] in place.
+pub fn record_connection(connection: &mut Vec<u8>) {
+    let [addr, name] = split_connection(connection);
+    if let Cow::Owned(cut) = super::kept(name) {
+        *connection = [addr, b" ", &cut].concat();
     }
 }
 
@@ -123,16 +129,6 @@ fn who_pieces<'a>(connection: &'a [u8], label: &'a [u8]) -> [&'a [u8]; 3] {
         connection
     };
     [connection, b" ", label]
-}
-
-/// A grant's text: the pieces of `who`, in one exactly sized allocation (none when empty).
-fn text_of(who: &[&[u8]]) -> Box<[u8]> {
-    let len = who.iter().map(|piece| piece.len()).sum::<usize>();
-    let mut text = Vec::with_capacity(len);
-    for piece in who {
-        text.extend_from_slice(piece);
-    }
-    text.into_boxed_slice()
 }
 
 impl Grant {
@@ -154,7 +150,7 @@ impl Grant {
             since,
             client,
             token,
-            text: text_of(who),
+            text: Text::of_pieces(who),
         }
     }
 
@@ -170,12 +166,12 @@ impl Grant {
 
     /// `addr name label` (empty: unknown).
     pub fn who(&self) -> &[u8] {
-        &self.text
+        self.text.as_bytes()
     }
 
     /// Its `addr name label` is now a connection's `addr name` and a label.
     fn set_who(&mut self, connection: &[u8], label: &[u8]) {
-        self.text = text_of(&who_pieces(connection, label));
+        self.text = Text::of_pieces(&who_pieces(connection, label));
     }
 
     fn parts(&self) -> [&[u8]; 3] {
@@ -1239,7 +1235,7 @@ impl Lock {
     /// MEMORY USAGE.
     pub fn heap_bytes(&self) -> usize {
         // A holder's own heap: its grant record (with the token's digest) and its who bytes.
-        let own = |h: &Holder| std::mem::size_of::<Grant>() + h.grant.text.len();
+        let own = |h: &Holder| std::mem::size_of::<Grant>() + h.grant.text.heap_len();
         let group = self.group.as_deref().map_or(0, |g| {
             std::mem::size_of::<Group>()
                 + g.members.capacity() * std::mem::size_of::<Member>()
@@ -1266,6 +1262,19 @@ mod tests {
             Ok(Acquire::Granted { fence }) => fence,
             other => panic!("expected a grant, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_grant_record_is_one_64_byte_allocation_with_a_short_text() {
+        // 64 bytes is one of the allocator's size classes: the record with its text inline
+        // takes no more than the record alone took when its text had an allocation of its own.
+        assert_eq!(std::mem::size_of::<Grant>(), 64);
+        let grant = Grant::new(dg(b"a"), 0, T0, 7, b"127.0.0.1:51234  ord");
+        assert_eq!(grant.text.heap_len(), 0);
+        assert_eq!(grant.label(), b"ord");
+        let named = Grant::new(dg(b"a"), 0, T0, 7, b"127.0.0.1:51234 worker-7 orders");
+        assert_eq!(named.text.heap_len(), 31);
+        assert_eq!(named.name(), b"worker-7");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! and the bookkeeping the service keeps beside the keyspace: the lease index
 //! ([`lease_index`]), the queues of waiting clients ([`queues`]), the session owners
 //! ([`sessions`]) and the cluster slots being imported ([`slots`]); a token as the server keeps
-//! it, a digest ([`token`]).
+//! it, a digest ([`token`]); the short texts a grant keeps inline ([`text`]).
 //!
 //! Time is always a parameter here, so every rule is unit-tested without a server.
 
@@ -21,6 +21,7 @@ pub mod sessions;
 pub mod slots;
 #[cfg(test)]
 mod slots_tests;
+pub mod text;
 pub mod token;
 
 /// A key in a database: how the queues and the session table name a lock.

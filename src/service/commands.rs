@@ -9,8 +9,8 @@ use crate::error::LockError;
 use crate::host::command::{reply_map, Command, CommandResult};
 use crate::host::keys::redact;
 use crate::host::server::{
-    caller_id, client_id, connection_of, is_loading, is_primary, is_replayed, may_block, now_ms,
-    parse_integer, persistence,
+    caller_id, client_id, is_loading, is_primary, is_replayed, may_block, now_ms, parse_integer,
+    persistence, Connection,
 };
 use crate::lock::codec::{self, MemberEffect};
 use crate::lock::core::{self, Acquire, Grant, Lock, MemberChange, Mode};
@@ -153,7 +153,8 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
-    let connection = core::recorded_connection(connection_of(ctx, client));
+    let mut connection = Connection::of(ctx, client);
+    core::record_connection(connection.text_mut());
     let label = options.label.as_deref().unwrap_or_default();
     let request = core::Request {
         token,
@@ -248,7 +249,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                         client,
                         sync: options.sync,
                         label: label.into(),
-                        connection: connection.as_slice().into(),
+                        connection: connection[..].into(),
                     };
                     handoff::block(ctx, key_name, timeout, Kind::Acquire(request))
                 }
