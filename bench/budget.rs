@@ -123,13 +123,71 @@ impl Counted {
         Counts {
             instructions,
             allocations: allocations(&text),
+            dump,
         }
     }
 }
 
+/// Where a command's instructions go: the inclusive count of each of `parts` (a function's
+/// path, as callgrind_annotate names it) in a dump.
+fn attribute(dump: &Path, parts: &[(&'static str, &'static str)]) -> Vec<(&'static str, u64)> {
+    let out = Command::new("callgrind_annotate")
+        .args(["--inclusive=yes", "--threshold=100"])
+        .arg(dump)
+        .output()
+        .expect("run callgrind_annotate (valgrind)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    parts
+        .iter()
+        .map(|(label, function)| {
+            // A function inlined into others is listed once per source file it spans: its
+            // largest line is the function itself.
+            let count = text
+                .lines()
+                .filter(|line| {
+                    line.split_once(':')
+                        .is_some_and(|(_, name)| name.split(' ').next() == Some(function))
+                        || line.contains(&format!(":{function} "))
+                })
+                .filter_map(|line| line.split_whitespace().next())
+                .filter_map(|n| n.replace(',', "").parse::<u64>().ok())
+                .max()
+                .unwrap_or(0);
+            (*label, count)
+        })
+        .collect()
+}
+
+/// The parts of a fresh-key LOCK.ACQUIRE shown by the budget: what the operability features
+/// cost a lock nobody waits for or asks about (the address and name WHO shows, the ages index
+/// behind INFO's oldest hold and LONGHOLDS), beside what every grant needs.
+const ACQUIRE_PARTS: [(&str, &str); 7] = [
+    (
+        "token digest (SHA-256, software under valgrind)",
+        "redis_lock::lock::token::TokenDigest::of",
+    ),
+    ("replication of the effect (RM_Replicate)", "RM_Replicate"),
+    (
+        "storing the value (RM_ModuleTypeSetValue)",
+        "RM_ModuleTypeSetValue",
+    ),
+    ("lease index", "redis_lock::service::leases::follow"),
+    ("effect encoding", "redis_lock::lock::codec::State::of"),
+    (
+        "WHO: the connection's address and name",
+        "redis_lock::host::server::Connection::of",
+    ),
+    (
+        "ages index (INFO oldest hold, LONGHOLDS)",
+        "redis_lock::service::holds::follow_change",
+    ),
+];
+
 /// What one counted run did inside `call()`.
 struct Counts {
     instructions: u64,
+    /// The dump, for [`attribute`].
+    dump: PathBuf,
     /// Calls to malloc, calloc and realloc, and those of the module among them (through
     /// RM_Alloc, RM_Calloc and RM_Realloc: the module's global allocator).
     allocations: (u64, u64),
@@ -229,6 +287,8 @@ fn main() {
     // Each measure: its ratio, and what it is a ratio of (module / baseline: instructions per
     // request, or bytes).
     let mut ratios: Vec<(&'static str, f64, f64, f64)> = Vec::new();
+    // Where a fresh-key ACQUIRE's instructions go (the last round's).
+    let mut acquire_parts: Vec<(&'static str, f64)> = Vec::new();
     // Each pair's calls to the allocator per request: module (all, the module's own), baseline.
     let mut allocations: Vec<(&'static str, f64, f64, f64)> = Vec::new();
     for name in PAIRS {
@@ -272,6 +332,12 @@ fn main() {
                     redis_benchmark(server, 50, REQUESTS, 16, keyspace, &command);
                 });
                 let per_request = |n: u64| n as f64 / REQUESTS as f64;
+                if name == "acquire" && module {
+                    acquire_parts = attribute(&counts.dump, &ACQUIRE_PARTS)
+                        .into_iter()
+                        .map(|(part, n)| (part, per_request(n)))
+                        .collect();
+                }
                 (
                     per_request(counts.instructions),
                     per_request(counts.allocations.0),
@@ -355,6 +421,17 @@ fn main() {
             report,
             "| {name} | {module:.2} | {own:.2} | {baseline:.2} |"
         );
+    }
+    let acquire = ratios.first().map_or(0.0, |r| r.2);
+    report
+        .push_str("\n| inside a fresh-key LOCK.ACQUIRE | instructions | share |\n|---|---|---|\n");
+    for (part, n) in &acquire_parts {
+        let share = if acquire > 0.0 {
+            n / acquire * 100.0
+        } else {
+            0.0
+        };
+        let _ = writeln!(report, "| {part} | {n:.0} | {share:.1}% |");
     }
     println!("{report}");
     progress(started, "done");

@@ -427,6 +427,8 @@ thread_local! {
 pub struct Connection(Vec<u8>);
 
 impl Connection {
+    // Never inlined, so that `make bench-budget` can show what it costs a grant.
+    #[inline(never)]
     pub fn of(ctx: &Context, client: u64) -> Connection {
         let mut text = SCRATCH.take();
         write_connection(ctx, client, &mut text);
