@@ -54,6 +54,10 @@ const FLAG_WHO: u64 = 4;
 /// older file or primary sent the token itself, which is hashed when read.
 const FLAG_DIGEST: u64 = 8;
 const KNOWN_FLAGS: u64 = FLAG_SESSION | FLAG_DELAY | FLAG_WHO | FLAG_DIGEST;
+/// Effects only (this release): the token's digest and the `addr name label` bytes follow the
+/// holder's numbers inside the state argument, after one more `:`, rather than as arguments of
+/// their own. Never stored.
+const FLAG_INLINE: u64 = 16;
 
 /// The holder flag of a free lock in a lock-delay (its end follows).
 const FREE_DELAYED: u64 = 2;
@@ -67,8 +71,13 @@ const PREALLOCATE_MAX: u64 = 1024;
 /// A holder's numeric fields, in every form's order: deadline, holds, flags, the delay when
 /// flags say so, and the grant time and client id when flags say so.
 fn holder_fields(holder: &Holder) -> impl Iterator<Item = u64> {
+    holder_fields_with(holder, 0)
+}
+
+/// [`holder_fields`] with `extra` flags set.
+fn holder_fields_with(holder: &Holder, extra: u64) -> impl Iterator<Item = u64> {
     let grant = &*holder.grant;
-    let mut flags = FLAG_DIGEST;
+    let mut flags = FLAG_DIGEST | extra;
     if holder.session {
         flags |= FLAG_SESSION;
     }
@@ -344,27 +353,45 @@ fn check_group(fence: u64, group: &Group) -> Result<(), &'static str> {
 // Effects
 
 /// The effect's state argument, formatted without allocating: `event:fence:floor` for a free
-/// lock, `event:fence:floor:deadline:holds:flags` for a held one.
+/// lock, `event:fence:floor:deadline:holds:flags...` for a held one. The floor is left empty
+/// when it equals the fence (it mostly does: the newest fence is the floor). An exclusive
+/// holder's token digest and `addr name label` follow inline when they fit ([`FLAG_INLINE`]),
+/// else they go as arguments of their own (see [`State::holds_inline`]).
 pub struct State {
-    buf: [u8; 192],
+    buf: [u8; STATE_LEN],
     len: usize,
+    inline: bool,
 }
+
+/// Room for the longest state (12 + 8 * 21 bytes of event and numbers), a separator, a digest
+/// and [`INLINE_WHO`] bytes.
+const STATE_LEN: usize = 256;
+
+/// The longest `addr name label` written inline: an address with its port and a short name or
+/// label. A longer one travels as an argument of its own, as every one did before.
+const INLINE_WHO: usize = 48;
 
 impl State {
     fn empty() -> State {
         State {
-            buf: [0; 192],
+            buf: [0; STATE_LEN],
             len: 0,
+            inline: false,
         }
     }
 
     pub fn of(event: Event, lock: &Lock) -> State {
         let mut state = State::empty();
         // At most 12 + 8 * 21 bytes (event, fence, floor, then the holder: deadline,
-        // holds, flags, delay, grant time, client id): always fits.
+        // holds, flags, delay, grant time, client id), then 1 + 16 + INLINE_WHO: always fits.
         state.push(event.word().to_bytes());
         state.number(lock.fence);
-        state.number(floor::get().max(lock.fence));
+        let floor = floor::get().max(lock.fence);
+        if floor == lock.fence {
+            state.push(b":");
+        } else {
+            state.number(floor);
+        }
         if let Some(group) = lock.group.as_deref() {
             state.push(b":g");
             state.number(u64::from(group.limit));
@@ -372,14 +399,28 @@ impl State {
         }
         match &lock.holder {
             Some(holder) => {
-                for field in holder_fields(holder) {
+                let who = holder_who(holder).unwrap_or_default();
+                state.inline = who.len() <= INLINE_WHO;
+                let extra = if state.inline { FLAG_INLINE } else { 0 };
+                for field in holder_fields_with(holder, extra) {
                     state.number(field);
+                }
+                if state.inline {
+                    state.push(b":");
+                    state.push(holder.token().as_bytes());
+                    state.push(who);
                 }
             }
             None if lock.delayed_until > 0 => state.number(lock.delayed_until),
             None => {}
         }
         state
+    }
+
+    /// True when the holder's token digest and `addr name label` are in the state: no
+    /// argument follows it for them.
+    pub fn holds_inline(&self) -> bool {
+        self.inline
     }
 
     fn push(&mut self, bytes: &[u8]) {
@@ -438,8 +479,9 @@ pub fn member_state(member: &Member) -> Vec<u8> {
 /// The arguments of `LOCK.APPLY` after the key: the state, and the token when held; with a
 /// group, each member's state and token.
 pub fn effect_args(event: Event, lock: &Lock) -> Vec<Vec<u8>> {
-    let mut args = vec![State::of(event, lock).as_bytes().to_vec()];
-    if let Some(holder) = &lock.holder {
+    let state = State::of(event, lock);
+    let mut args = vec![state.as_bytes().to_vec()];
+    if let Some(holder) = lock.holder.as_ref().filter(|_| !state.holds_inline()) {
         push_holder(&mut args, holder);
     }
     for member in lock.members() {
@@ -637,6 +679,60 @@ fn effect_holder<'a, 'b>(
     holder_from(token, &numbers, who).map_err(LockError::BadEffect)
 }
 
+/// The `:`-separated fields of an effect's state, and what follows the last one read: an inline
+/// holder's digest and `addr name label`, which may hold any byte.
+#[derive(Clone)]
+struct StateFields<'a> {
+    /// What is left after the last separator; `None` once the last field was read.
+    rest: Option<&'a [u8]>,
+}
+
+impl<'a> StateFields<'a> {
+    fn of(state: &'a [u8]) -> StateFields<'a> {
+        StateFields { rest: Some(state) }
+    }
+
+    /// Everything after the fields read so far, separators and all; no field is left after it.
+    fn remainder(&mut self) -> Option<&'a [u8]> {
+        self.rest.take()
+    }
+}
+
+impl<'a> Iterator for StateFields<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.rest?;
+        match rest.iter().position(|b| *b == b':') {
+            Some(at) => {
+                self.rest = rest.get(at + 1..);
+                rest.get(..at)
+            }
+            None => self.rest.take(),
+        }
+    }
+}
+
+/// A holder written inline (see [`FLAG_INLINE`]): its numbers from `fields`, then its token's
+/// digest and its `addr name label` (when its flags say so) as the rest of the state.
+fn inline_holder(fields: &mut StateFields<'_>) -> Result<Holder, LockError> {
+    let mut numbers = read_numbers(|what| number(fields.next(), what))?;
+    if numbers.flags & (FLAG_INLINE | FLAG_DIGEST) != FLAG_INLINE | FLAG_DIGEST {
+        return Err(LockError::BadEffect("holder without its token"));
+    }
+    numbers.flags &= !FLAG_INLINE;
+    let tail = fields
+        .remainder()
+        .ok_or(LockError::BadEffect("holder without its token"))?;
+    let (digest, who) = tail
+        .split_at_checked(crate::lock::token::DIGEST_LEN)
+        .ok_or(LockError::BadEffect("bad token digest"))?;
+    if numbers.flags & FLAG_WHO == 0 && !who.is_empty() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    holder_from(digest, &numbers, who).map_err(LockError::BadEffect)
+}
+
 /// A decoded `LOCK.APPLY`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Effect {
@@ -660,14 +756,23 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
     if state.split(|b| *b == b':').nth(3) == Some(b"g") {
         return parse_group_effect(state, rest);
     }
-    let mut fields = state.split(|b| *b == b':');
+    let mut fields = StateFields::of(state);
     let (event, fence, floor) = effect_head(&mut fields)?;
     let mut delayed_until = 0;
     let holder = if rest.is_empty() {
-        if let Some(until) = fields.next() {
-            delayed_until = number(Some(until), "lock-delay end")?;
+        // Free (nothing more, or the end of its lock-delay), or held with the holder inline.
+        let after_head = fields.clone();
+        match (fields.next(), fields.next()) {
+            (None, _) => None,
+            (Some(until), None) => {
+                delayed_until = number(Some(until), "lock-delay end")?;
+                None
+            }
+            _ => {
+                fields = after_head;
+                Some(inline_holder(&mut fields)?)
+            }
         }
-        None
     } else {
         let mut args = rest.iter().copied();
         let holder = effect_holder(&mut fields, &mut args)?;
@@ -700,7 +805,11 @@ fn effect_head<'a>(
         .and_then(Event::parse)
         .ok_or(LockError::BadEffect("unknown event"))?;
     let fence = number(fields.next(), "fence")?;
-    let floor = number(fields.next(), "floor")?;
+    // An empty floor is the fence's (see `State::of`).
+    let floor = match fields.next() {
+        Some(b"") => fence,
+        floor => number(floor, "floor")?,
+    };
     if fence > MAX_FENCE || floor > MAX_FENCE {
         return Err(LockError::BadEffect("fence out of range"));
     }
@@ -844,10 +953,32 @@ mod tests {
         );
         // A who without its argument, or an extra argument, is refused.
         assert!(parse_member_effect(&args[..args.len() - 1]).is_some_and(|r| r.is_err()));
+        // Inline, a state cut inside its digest, or followed by another argument, is refused.
+        // (A cut inside the who would read as a shorter who: the state is one argument, and a
+        // stream or a file delivers an argument whole or not at all.)
         let effect = effect_args(Event::Acquire, &lock);
-        let effect: Vec<&[u8]> = effect.iter().map(Vec::as_slice).collect();
-        assert!(parse_effect(&effect[..2]).is_err());
-        let mut extra = effect.clone();
+        assert_eq!(effect.len(), 1);
+        let state = &effect[0];
+        let who_len = b"127.0.0.1:5000 worker host-7:pid-42".len();
+        let cut = &state[..state.len() - who_len - 1];
+        assert!(parse_effect(&[cut]).is_err());
+        assert!(parse_effect(&[state.as_slice(), b"x"]).is_err());
+        // As arguments of their own (an older release's effect), a missing who or an extra
+        // argument is refused.
+        let old = [
+            format!(
+                "acquire:{}:{}:1764000030000:2:13:1764000000000:7",
+                lock.fence,
+                lock.fence
+            )
+            .into_bytes(),
+            lock.holder.as_ref().unwrap().token().as_bytes().to_vec(),
+            b"127.0.0.1:5000 worker host-7:pid-42".to_vec(),
+        ];
+        let old: Vec<&[u8]> = old.iter().map(Vec::as_slice).collect();
+        assert!(parse_effect(&old).is_ok(), "{old:?}");
+        assert!(parse_effect(&old[..2]).is_err());
+        let mut extra = old.clone();
         extra.push(b"x");
         assert!(parse_effect(&extra).is_err());
     }
@@ -911,7 +1042,7 @@ mod tests {
         let old = parse_effect(&[b"acquire:77:77:123:2:1", b"t\0k"]).unwrap();
         assert_eq!(old.lock, held());
         let new = effect_args(Event::Acquire, &held());
-        assert_eq!(new[1], TokenDigest::of(b"t\0k").as_bytes());
+        assert!(new[0].ends_with(TokenDigest::of(b"t\0k").as_bytes()));
         // So does an older member change (`d`); this release's (`e`) names the digest.
         let lock = grouped(3);
         let gone = parse_member_effect(&[b"release:90:90:d:0:5", b"two"]);
@@ -1029,10 +1160,19 @@ mod tests {
             delayed_until: 0,
         };
         let state = State::of(Event::Acquire, &held);
-        let text = std::str::from_utf8(state.as_bytes()).unwrap();
         let floor = floor::get().max(12);
-        // flags 9: session, and the token field is its digest.
-        assert_eq!(text, format!("acquire:12:{floor}:18446744073709551615:3:9"));
+        // The floor is left out when it is the fence.
+        let floor_field = if floor == 12 {
+            String::new()
+        } else {
+            floor.to_string()
+        };
+        // flags 25: session, the token field is its digest, and it follows inline.
+        let mut expected = format!("acquire:12:{floor_field}:18446744073709551615:3:25:").into_bytes();
+        expected.extend_from_slice(TokenDigest::of(b"t").as_bytes());
+        assert_eq!(state.as_bytes(), expected);
+        assert!(state.holds_inline());
+        assert_eq!(effect_args(Event::Acquire, &held), vec![expected]);
         let free = State::of(
             Event::Release,
             &Lock {
@@ -1042,10 +1182,117 @@ mod tests {
                 delayed_until: 0,
             },
         );
-        assert_eq!(
-            free.as_bytes(),
-            format!("release:0:{}", floor::get()).as_bytes()
+        let floor_field = match floor::get() {
+            0 => String::new(),
+            floor => floor.to_string(),
+        };
+        assert_eq!(free.as_bytes(), format!("release:0:{floor_field}").as_bytes());
+        assert!(!free.holds_inline());
+    }
+
+    /// A holder granted with a connection and a label, in an effect as this release writes it:
+    /// inline up to `INLINE_WHO` bytes of `addr name label`, as arguments beyond.
+    fn held_by(who: &[u8], delay: u64) -> Lock {
+        Lock {
+            fence: 77,
+            holder: Some(Holder {
+                provisional: false,
+                long: false,
+                deadline: 1_764_000_030_000,
+                holds: 1,
+                session: false,
+                grant: Box::new(Grant::new(
+                    TokenDigest::of(b"secret"),
+                    delay,
+                    1_764_000_000_000,
+                    42,
+                    who,
+                )),
+            }),
+            group: None,
+            delayed_until: 0,
+        }
+    }
+
+    #[test]
+    fn a_holder_travels_inside_the_state_unless_its_text_is_long() {
+        // A digest may hold any byte, `:` included, and so may a name.
+        let colon = (0..=255u16)
+            .map(|n| n.to_string())
+            .find(|t| TokenDigest::of(t.as_bytes()).as_bytes().contains(&b':'))
+            .unwrap();
+        for who in [
+            &b""[..],
+            b"127.0.0.1:5 ",
+            b"127.0.0.1:51234 a:b c:d",
+            b"[::1]:51234 worker-7 payments",
+            &[b'x'; INLINE_WHO],
+        ] {
+            for delay in [0, 5_000] {
+                let mut lock = held_by(who, delay);
+                if who.is_empty() {
+                    lock.holder.as_mut().unwrap().grant =
+                        Box::new(Grant::of_token(TokenDigest::of(colon.as_bytes())));
+                }
+                let args = effect_args(Event::Acquire, &lock);
+                assert_eq!(args.len(), 1, "{who:?}: one argument, the state");
+                round_trip(Event::Acquire, lock);
+            }
+        }
+        let long = [b'y'; INLINE_WHO + 1];
+        let lock = held_by(&long, 0);
+        let args = effect_args(Event::Renew, &lock);
+        assert_eq!(args.len(), 3, "state, digest, who");
+        assert!(!State::of(Event::Renew, &lock).holds_inline());
+        round_trip(Event::Renew, lock);
+
+        // An effect of the previous release (token digest and who as arguments of their own,
+        // the floor written out) still applies.
+        let lock = held_by(b"127.0.0.1:51234  orders", 0);
+        let digest = TokenDigest::of(b"secret");
+        let old = format!(
+            "acquire:77:{}:1764000030000:1:12:1764000000000:42",
+            floor::get().max(77)
         );
+        let effect = parse_effect(&[
+            old.as_bytes(),
+            digest.as_bytes(),
+            b"127.0.0.1:51234  orders",
+        ])
+        .unwrap();
+        assert_eq!(effect.lock, lock);
+    }
+
+    #[test]
+    fn malformed_inline_holders_are_refused() {
+        let digest = TokenDigest::of(b"secret");
+        let with_tail = |head: &str, tail: &[u8]| [head.as_bytes(), tail].concat();
+        let bad: Vec<Vec<u8>> = vec![
+            // No digest, or a short one.
+            with_tail("acquire:7::9:1:24:", b""),
+            with_tail("acquire:7::9:1:24:", &digest.as_bytes()[..15]),
+            // Inline without the digest flag, or the digest without the inline flag.
+            with_tail("acquire:7::9:1:16:", digest.as_bytes()),
+            with_tail("acquire:7::9:1:8:", digest.as_bytes()),
+            // Bytes after the digest with no who flag.
+            with_tail("acquire:7::9:1:24:", &[&digest.as_bytes()[..], b"x"].concat()),
+            // The who flag without its two numbers.
+            with_tail("acquire:7::9:1:28:", digest.as_bytes()),
+            // A hold count of 0; unknown flags.
+            with_tail("acquire:7::9:0:24:", digest.as_bytes()),
+            with_tail("acquire:7::9:1:56:", digest.as_bytes()),
+        ];
+        for state in &bad {
+            assert!(parse_effect(&[state]).is_err(), "{state:?}");
+        }
+        // The inline flag is refused where a holder has arguments of its own, and in a member.
+        let state = "acquire:7::9:1:24";
+        assert!(parse_effect(&[state.as_bytes(), digest.as_bytes()]).is_err());
+        // The well-formed one is accepted.
+        let good = with_tail("acquire:7::9:1:24:", digest.as_bytes());
+        let effect = parse_effect(&[&good]).unwrap();
+        assert_eq!(effect.floor, 7);
+        assert_eq!(effect.lock.holder.unwrap().token(), &digest);
     }
 
     #[test]

@@ -78,6 +78,7 @@ pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored
     let state = State::of(event, lock);
     let pair: [&[u8]; 2];
     let holder: &[&[u8]] = match &lock.holder {
+        Some(_) if state.holds_inline() => &[],
         Some(holder) => {
             let who = codec::holder_who(holder);
             pair = [holder.token().as_bytes(), who.unwrap_or_default()];
