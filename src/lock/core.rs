@@ -1,14 +1,20 @@
-//! The lock semantics, free of any Redis API: holder, token, fence, lease deadline and hold count.
+//! The lock and its admission rules, free of any Redis API: who may hold it (exclusive, shared
+//! or permit requests, refreshes, downgrades, refusals), its fence, lease deadlines, hold counts
+//! and lock-delay. A hold's record is in [`grant`](crate::lock::grant) and the shared holders in
+//! [`group`](crate::lock::group); their public items are re-exported here.
 //!
 //! Time is always passed in (`now`, milliseconds since the Unix epoch), so every rule here is
 //! tested deterministically without a server. The module layer (`commands`, `replication`,
 //! `expiry`) calls these functions and turns their outcomes into replies, notifications and
 //! replicated effects.
 
-use std::borrow::Cow;
-
 use crate::error::LockError;
-use crate::lock::text::Text;
+pub use crate::lock::grant::{
+    record_connection, recorded_connection, split_connection, split_who, valid_label, Grant,
+    Holder, MAX_LABEL_LEN,
+};
+use crate::lock::group::Hints;
+pub use crate::lock::group::{Group, Member, MemberChange};
 pub use crate::lock::token::TokenDigest;
 
 /// How many fences fit into one millisecond of the fence clock (see [`next_fence`]).
@@ -20,412 +26,6 @@ pub const MAX_FENCE: u64 = i64::MAX as u64;
 /// The most shared or permit holders a key may have at once (and so the largest LIMIT): every
 /// command on the key looks through them.
 pub const MAX_HOLDERS: u32 = 10_000;
-
-/// Who holds a lock, and until when.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    /// Absolute lease deadline, ms since the Unix epoch.
-    pub deadline: u64,
-    /// Reentrant hold count, at least 1.
-    pub holds: u32,
-    /// Released when the acquiring connection closes.
-    pub session: bool,
-    /// A grant made with SYNC that its replicas have not acknowledged yet: taken back if they do
-    /// not in time, unless its token refreshed or renewed it meanwhile (that reply promised it a
-    /// lease). In memory only: never stored, replicated or digested.
-    pub provisional: bool,
-    /// It lasted longer than `lock.long-hold`, and that was announced. In memory only: a
-    /// restarted server, or a new primary, announces it once more.
-    pub long: bool,
-    /// The grant: its token's digest, its lock-delay, and when and to whom it was made (boxed,
-    /// with the `addr name label` text in one allocation of its own: the value stays at 80
-    /// bytes, a free lock's too).
-    pub grant: Box<Grant>,
-}
-
-impl Holder {
-    /// The digest of the token that holds.
-    pub fn token(&self) -> &TokenDigest {
-        &self.grant.token
-    }
-}
-
-/// The longest label a client may give its hold (`LABEL`).
-pub const MAX_LABEL_LEN: usize = 128;
-
-/// What a hold keeps beside its lease: its token's digest, the lock-delay it imposes, and for
-/// operators, when it was granted and to which connection. Only the token and the delay take
-/// part in any rule.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    /// The lock-delay this grant imposes when it ends without a release (its lease ran out or
-    /// its session's connection closed), in ms; 0: none. Always 0 for a shared hold or a permit.
-    pub delay: u64,
-    /// When the hold was granted, ms since the epoch; 0: unknown (a hold stored by an older
-    /// release). A refresh or a renewal keeps it.
-    pub since: u64,
-    /// The id of the client it was granted to (or last refreshed by); 0: unknown.
-    pub client: u64,
-    /// The digest of the token that holds (never the token itself).
-    token: TokenDigest,
-    /// `addr name label`, separated by single spaces (each may be empty; the address and the
-    /// label have no space, a name only in the mark of a cut, see [`recorded_connection`]):
-    /// that client's address and name, and the public label the hold was given (see
-    /// [`Grant::who`]).
-    text: Text,
-}
-
-/// The parts of a [`Grant::who`] text: address, name, label (each empty when missing): the
-/// address up to the first space, the label after the last.
-pub fn split_who(who: &[u8]) -> [&[u8]; 3] {
-    let [addr, rest] = split_connection(who);
-    match rest.iter().rposition(|b| *b == b' ') {
-        Some(at) => {
-            let (name, label) = rest.split_at(at);
-            [addr, name, label.get(1..).unwrap_or_default()]
-        }
-        None => [addr, rest, b""],
-    }
-}
-
-/// The parts of a connection's `addr name` (see [`recorded_connection`]): its address, up to
-/// the first space, and its name.
-pub fn split_connection(connection: &[u8]) -> [&[u8]; 2] {
-    match connection.iter().position(|b| *b == b' ') {
-        Some(at) => {
-            let (addr, name) = connection.split_at(at);
-            [addr, name.get(1..).unwrap_or_default()]
-        }
-        None => [connection, b""],
-    }
-}
-
-/// What a grant or a queued waiter records of a connection's `addr name`: the name cut to
-/// `lock::KEPT_BYTES` (see `lock::kept`). A client chooses its name and Redis sets no limit,
-/// while a hold's copy travels with every change of it (the AOF, replicas, RDB).
-pub fn recorded_connection(mut connection: Vec<u8>) -> Vec<u8> {
-    record_connection(&mut connection);
-    connection
-}
-
-/// [`recorded_connection`] in place.
-pub fn record_connection(connection: &mut Vec<u8>) {
-    let [addr, name] = split_connection(connection);
-    if let Cow::Owned(cut) = super::kept(name) {
-        *connection = [addr, b" ", &cut].concat();
-    }
-}
-
-/// The pieces of `who` for a connection's `addr name` (empty when not known) and a label; none
-/// when both are empty. An unknown connection is an empty address and name: both separators
-/// stay, so the label is never read as a name.
-fn who_pieces<'a>(connection: &'a [u8], label: &'a [u8]) -> [&'a [u8]; 3] {
-    if connection.is_empty() && label.is_empty() {
-        return [b"", b"", b""];
-    }
-    let connection: &[u8] = if connection.is_empty() {
-        b" "
-    } else {
-        connection
-    };
-    [connection, b" ", label]
-}
-
-impl Grant {
-    /// The grant of `token`, with `who` as its `addr name label` (empty: unknown).
-    pub fn new(token: TokenDigest, delay: u64, since: u64, client: u64, who: &[u8]) -> Grant {
-        Grant::of_pieces(token, delay, since, client, &[who])
-    }
-
-    /// The grant `request` gets now (its token, connection and label), with lock-delay `delay`.
-    fn granted(request: &Request, delay: u64, now: u64) -> Grant {
-        let who = who_pieces(request.connection, request.label);
-        Grant::of_pieces(request.token, delay, now, request.client, &who)
-    }
-
-    /// The grant of `token` whose `addr name label` is the pieces of `who` put together.
-    fn of_pieces(token: TokenDigest, delay: u64, since: u64, client: u64, who: &[&[u8]]) -> Grant {
-        Grant {
-            delay,
-            since,
-            client,
-            token,
-            text: Text::of_pieces(who),
-        }
-    }
-
-    /// The grant of `token` with nothing else known (no delay, no origin).
-    pub fn of_token(token: TokenDigest) -> Grant {
-        Grant::new(token, 0, 0, 0, b"")
-    }
-
-    /// The digest of the token that holds.
-    pub fn token(&self) -> &TokenDigest {
-        &self.token
-    }
-
-    /// `addr name label` (empty: unknown).
-    pub fn who(&self) -> &[u8] {
-        self.text.as_bytes()
-    }
-
-    /// Its `addr name label` is now a connection's `addr name` and a label.
-    fn set_who(&mut self, connection: &[u8], label: &[u8]) {
-        self.text = Text::of_pieces(&who_pieces(connection, label));
-    }
-
-    fn parts(&self) -> [&[u8]; 3] {
-        split_who(self.who())
-    }
-
-    pub fn addr(&self) -> &[u8] {
-        self.parts()[0]
-    }
-
-    pub fn name(&self) -> &[u8] {
-        self.parts()[1]
-    }
-
-    pub fn label(&self) -> &[u8] {
-        self.parts()[2]
-    }
-
-    /// True when anything about the grant's origin is known (it is stored and replicated).
-    pub fn is_known(&self) -> bool {
-        self.since != 0 || self.client != 0 || !self.who().is_empty()
-    }
-
-    /// This grant taken by `request` (a refresh from perhaps another connection): the
-    /// connection is the request's, the label too unless it gives none. A refresh whose
-    /// connection is not known (a script's) keeps the connection recorded and changes only the
-    /// label, if it gives one.
-    fn refreshed_by(&mut self, request: &Request) {
-        let label = if request.label.is_empty() {
-            self.label().to_vec()
-        } else {
-            request.label.to_vec()
-        };
-        if request.client == 0 || request.connection.is_empty() {
-            if !request.label.is_empty() {
-                let [addr, name, _] = self.parts();
-                let connection = [addr, b" ", name].concat();
-                self.set_who(&connection, &label);
-            }
-            return;
-        }
-        self.client = request.client;
-        self.set_who(request.connection, &label);
-    }
-}
-
-/// Whether `label` may be a hold's label: printable ASCII without spaces, within
-/// [`MAX_LABEL_LEN`] bytes (so it can never be mistaken for a token, which is any binary).
-pub fn valid_label(label: &[u8]) -> bool {
-    label.len() <= MAX_LABEL_LEN && label.iter().all(|b| (b'!'..=b'~').contains(b))
-}
-
-/// A shared holder or a permit holder: a holder with the fence of its own grant.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Member {
-    pub fence: u64,
-    pub holder: Holder,
-    /// A fingerprint of the token (see [`TokenDigest::print`]), beside the fence in the
-    /// members' vector: a search for a token among thousands of holders compares these and
-    /// reads a digest (behind its grant record) only where they match.
-    print: u32,
-}
-
-impl Member {
-    pub fn new(fence: u64, holder: Holder) -> Member {
-        let print = holder.token().print();
-        Member {
-            fence,
-            holder,
-            print,
-        }
-    }
-
-    /// True when this member's token is `token`, whose fingerprint is `print`.
-    fn is(&self, token: &TokenDigest, print: u32) -> bool {
-        self.print == print && self.holder.token() == token
-    }
-}
-
-/// One shared or permit holder's change, replicated on its own rather than with every holder.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MemberChange {
-    /// The holder with this member's token now holds so (a grant, a refresh, a renewal, a
-    /// dropped reentrant hold).
-    Set(Member),
-    /// The holders with these tokens are gone (released, expired, their sessions ended).
-    Remove(Vec<TokenDigest>),
-}
-
-/// The shared side of a lock: its shared holders, or the permits of a semaphore.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Group {
-    /// The number of permits of a semaphore; 0 for the shared holders of a read/write lock.
-    /// A semaphore keeps its limit while its key exists, free or not.
-    pub limit: u32,
-    /// The holders, in grant order (their fences increase).
-    members: Vec<Member>,
-    /// Their tokens' fingerprints, in the same order, packed: a search for a token among a
-    /// thousand holders reads these 4 KB, 16 at a time, instead of the members' 40 KB.
-    prints: Vec<u32>,
-    /// No later than the earliest deadline among the members, once a look through them found
-    /// it: with a thousand holders, "is one overdue?", "when is the next one due?" and "how
-    /// many are live?" are asked several times per command, and answered from it. Exact after
-    /// that look; a holder leaving may leave it early (a lease timer set by it fires early,
-    /// never late, and the next look makes it exact again). Beside it, whether a member may
-    /// have been announced as a long hold.
-    hints: Hints,
-}
-
-impl Group {
-    pub fn new(limit: u32, members: Vec<Member>) -> Group {
-        Group {
-            limit,
-            prints: members.iter().map(|m| m.print).collect(),
-            members,
-            hints: Hints::default(),
-        }
-    }
-
-    /// The holders, in grant order.
-    pub fn members(&self) -> &[Member] {
-        &self.members
-    }
-
-    /// Lets `change` change the holders as it likes; what the group keeps about them is
-    /// brought up to date afterwards.
-    pub fn change_members<R>(&mut self, change: impl FnOnce(&mut Vec<Member>) -> R) -> R {
-        let result = change(&mut self.members);
-        self.prints.clear();
-        self.prints.extend(self.members.iter().map(|m| m.print));
-        self.hints = Hints::default();
-        result
-    }
-
-    /// The index of the newest member whose token is `token` and that `wanted` accepts.
-    fn find(&self, token: &TokenDigest, wanted: impl Fn(&Member) -> bool) -> Option<usize> {
-        const BLOCK: usize = 16;
-        let print = token.print();
-        let mut end = self.prints.len();
-        while end > 0 {
-            let start = end.saturating_sub(BLOCK);
-            let block = self.prints.get(start..end)?;
-            // No early exit inside a block: the compiler compares it in a few vector steps.
-            if block.iter().fold(false, |seen, &p| seen | (p == print)) {
-                let found = (start..end).rev().find(|&index| {
-                    self.prints.get(index) == Some(&print)
-                        && self
-                            .members
-                            .get(index)
-                            .is_some_and(|m| m.is(token, print) && wanted(m))
-                });
-                if found.is_some() {
-                    return found;
-                }
-            }
-            end = start;
-        }
-        None
-    }
-
-    /// Adds a holder last, keeping the earliest deadline when it is known.
-    pub fn push(&mut self, member: Member) {
-        let deadline = member.holder.deadline;
-        let long = member.holder.long;
-        self.prints.push(member.print);
-        self.members.push(member);
-        if let Some(earliest) = self.hints.earliest.get() {
-            self.hints.earliest.set(Some(earliest.min(deadline)));
-        }
-        if long {
-            self.hints.long.set(Some(true));
-        }
-    }
-
-    /// Removes the holder at `index` (the bound on the deadlines stays a bound).
-    fn remove(&mut self, index: usize) -> Option<Member> {
-        if index >= self.members.len() || index >= self.prints.len() {
-            return None;
-        }
-        self.prints.remove(index);
-        Some(self.members.remove(index))
-    }
-
-    /// A time no later than the earliest deadline among the holders (the earliest itself when
-    /// the holders were looked through since one left); `None` without holders.
-    pub fn deadline_bound(&self) -> Option<u64> {
-        if self.members.is_empty() {
-            return None;
-        }
-        self.hints.earliest.get().or_else(|| self.earliest_exact())
-    }
-
-    /// The earliest deadline among the holders, looked for (and kept).
-    fn earliest_exact(&self) -> Option<u64> {
-        let earliest = self.members.iter().map(|m| m.holder.deadline).min()?;
-        self.hints.earliest.set(Some(earliest));
-        Some(earliest)
-    }
-
-    /// False when no member was announced as a long hold (looked for once, then kept).
-    fn maybe_long(&self) -> bool {
-        self.hints.long.get().unwrap_or_else(|| {
-            let long = self.members.iter().any(|m| m.holder.long);
-            self.hints.long.set(Some(long));
-            long
-        })
-    }
-
-    /// True when a holder's lease ran out by `now`.
-    fn any_overdue(&self, now: u64) -> bool {
-        if self.deadline_bound().is_none_or(|bound| bound > now) {
-            return false;
-        }
-        self.earliest_exact()
-            .is_some_and(|earliest| earliest <= now)
-    }
-
-    /// How many holders have a lease still running at `now`.
-    fn live_count(&self, now: u64) -> usize {
-        if !self.any_overdue(now) {
-            return self.members.len();
-        }
-        self.members
-            .iter()
-            .filter(|m| m.holder.deadline > now)
-            .count()
-    }
-
-    /// Drops the holders whose lease ran out by `now`.
-    fn drop_overdue(&mut self, now: u64) {
-        if self.any_overdue(now) {
-            self.change_members(|members| members.retain(|m| m.holder.deadline > now));
-        }
-    }
-}
-
-/// What a group's members were found to be, kept until they change (`None`: look again). Not
-/// part of the lock's value: equal groups compare equal whatever they hold.
-#[derive(Clone, Debug, Default)]
-struct Hints {
-    /// See [`Group::deadline_bound`].
-    earliest: std::cell::Cell<Option<u64>>,
-    /// Whether a member may be marked long (true may be stale after it left: never false while
-    /// one is).
-    long: std::cell::Cell<Option<bool>>,
-}
-
-impl PartialEq for Hints {
-    fn eq(&self, _: &Hints) -> bool {
-        true
-    }
-}
-
-impl Eq for Hints {}
 
 /// The value stored under a lock key. A released lock keeps its key (a tombstone) so the last
 /// fence travels with the key through RDB, AOF, replication, DUMP/RESTORE and MIGRATE.
@@ -742,7 +342,7 @@ impl Lock {
     /// The index of the live member holding with `token`.
     /// (From the latest grant back: a holder that comes back soon after its grant finds itself
     /// sooner.)
-    fn live_member_index(&self, token: &TokenDigest, now: u64) -> Option<usize> {
+    pub(super) fn live_member_index(&self, token: &TokenDigest, now: u64) -> Option<usize> {
         self.group
             .as_deref()?
             .find(token, |m| m.holder.deadline > now)
@@ -1246,35 +846,23 @@ impl Lock {
     }
 }
 
+/// The core's unit tests, and the helpers the tests of `grant` and `group` share with them.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The digest of a test token.
-    fn dg(token: &[u8]) -> TokenDigest {
+    pub(crate) fn dg(token: &[u8]) -> TokenDigest {
         TokenDigest::of(token)
     }
 
-    const T0: u64 = 1_764_000_000_000;
+    pub(crate) const T0: u64 = 1_764_000_000_000;
 
-    fn granted<E: std::fmt::Debug>(r: Result<Acquire, E>) -> u64 {
+    pub(crate) fn granted<E: std::fmt::Debug>(r: Result<Acquire, E>) -> u64 {
         match r {
             Ok(Acquire::Granted { fence }) => fence,
             other => panic!("expected a grant, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn a_grant_record_is_one_64_byte_allocation_with_a_short_text() {
-        // 64 bytes is one of the allocator's size classes: the record with its text inline
-        // takes no more than the record alone took when its text had an allocation of its own.
-        assert_eq!(std::mem::size_of::<Grant>(), 64);
-        let grant = Grant::new(dg(b"a"), 0, T0, 7, b"127.0.0.1:51234  ord");
-        assert_eq!(grant.text.heap_len(), 0);
-        assert_eq!(grant.label(), b"ord");
-        let named = Grant::new(dg(b"a"), 0, T0, 7, b"127.0.0.1:51234 worker-7 orders");
-        assert_eq!(named.text.heap_len(), 31);
-        assert_eq!(named.name(), b"worker-7");
     }
 
     #[test]
@@ -1506,55 +1094,7 @@ mod tests {
         assert!(lock.revoke(&dg(b"a"), fence, T0));
     }
 
-    #[test]
-    fn a_long_client_name_is_recorded_cut_and_read_back_beside_its_address_and_label() {
-        let name = vec![b'n'; 1000];
-        let addr = b"10.0.0.1:5000";
-        let connection = [&addr[..], b" ", &name].concat();
-        let cut = [&name[..128], b"... (872 more bytes)"].concat();
-        let recorded = recorded_connection(connection);
-        assert_eq!(recorded, [&addr[..], b" ", &cut].concat());
-        assert_eq!(split_connection(&recorded), [&addr[..], &cut[..]]);
-        // A name within the limit, or none, or no connection: as it was.
-        for same in [&b"10.0.0.1:5000 worker-1"[..], b"10.0.0.1:5000 ", b""] {
-            assert_eq!(recorded_connection(same.to_vec()), same);
-        }
-        assert_eq!(recorded_connection(recorded.clone()), recorded);
-        for label in [&b"batch-9"[..], b""] {
-            let mut lock = Lock::default();
-            let first = Request {
-                client: 7,
-                connection: &recorded,
-                label,
-                ..request(b"t", 1000, false, 0)
-            };
-            granted(lock.grant(&first, 0, T0));
-            let grant = &lock.holder.as_ref().expect("held").grant;
-            assert_eq!(
-                [grant.addr(), grant.name(), grant.label()],
-                [&addr[..], &cut, label]
-            );
-            // Refreshed from a script (no connection), with a new label: the connection stays.
-            let script = Request {
-                label: b"again",
-                ..request(b"t", 1000, false, 0)
-            };
-            assert!(lock.grant(&script, 0, T0 + 1).is_ok());
-            let grant = &lock.holder.as_ref().expect("held").grant;
-            assert_eq!(
-                [grant.addr(), grant.name(), grant.label()],
-                [&addr[..], &cut, b"again"]
-            );
-        }
-        // Texts without a cut name part as they always did.
-        assert_eq!(split_who(b"a:1 w l"), [&b"a:1"[..], b"w", b"l"]);
-        assert_eq!(split_who(b"a:1 w "), [&b"a:1"[..], b"w", b""]);
-        assert_eq!(split_who(b"  l"), [&b""[..], b"", b"l"]);
-        assert_eq!(split_who(b"a:1 w"), [&b"a:1"[..], b"w", b""]);
-        assert_eq!(split_who(b""), [&b""[..], b"", b""]);
-    }
-
-    fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'static> {
+    pub(crate) fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'static> {
         Request {
             provisional: false,
             token: dg(token),
@@ -1650,7 +1190,7 @@ mod tests {
         assert_eq!(lock.holder.as_ref().map(|h| h.session), Some(true));
     }
 
-    fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'static> {
+    pub(crate) fn asking(token: &[u8], ttl: u64, mode: Mode) -> Request<'static> {
         Request {
             provisional: false,
             token: dg(token),
@@ -1688,87 +1228,6 @@ mod tests {
             lock.grant(&asking(b"r", 1000, Mode::Shared), w, T0),
             Ok(Acquire::Busy)
         );
-    }
-
-    #[test]
-    fn a_token_is_found_among_many_holders_and_beside_one_with_the_same_fingerprint() {
-        // Two tokens whose fingerprints collide (a birthday search over 32 bits).
-        let mut seen = std::collections::HashMap::new();
-        let (x, y) = (0u32..)
-            .find_map(|n| {
-                let token = format!("t{n}").into_bytes();
-                let earlier = seen.insert(dg(&token).print(), token.clone())?;
-                Some((earlier, token))
-            })
-            .unwrap();
-        assert_ne!(x, y);
-        let mut lock = Lock::default();
-        let mut fence = 0;
-        let mut tokens: Vec<Vec<u8>> = (0..40).map(|n| format!("h{n}").into_bytes()).collect();
-        tokens.insert(3, x.clone());
-        tokens.insert(20, y.clone());
-        for (n, token) in tokens.iter().enumerate() {
-            let ttl = 1000 + n as u64;
-            fence = granted(lock.grant(&asking(token, ttl, Mode::Shared), fence, T0));
-        }
-        for (index, token) in tokens.iter().enumerate() {
-            assert_eq!(lock.live_member_index(&dg(token), T0), Some(index));
-            assert_eq!(
-                lock.member(&dg(token)).map(|m| *m.holder.token()),
-                Some(dg(token))
-            );
-        }
-        assert_eq!(lock.live_member_index(&dg(b"nobody"), T0), None);
-        // The colliding holders end one at a time; the other stays found.
-        let (x, y) = (dg(&x), dg(&y));
-        assert_eq!(lock.release(&y, T0), Some(true));
-        assert!(lock.holds(&x, T0) && !lock.holds(&y, T0));
-        assert_eq!(lock.release(&x, T0), Some(true));
-        assert!(!lock.holds(&x, T0));
-        assert_eq!(lock.members().len(), 40);
-        // A member whose lease ran out is not live, but is still its token's member.
-        assert_eq!(lock.live_member_index(&dg(b"h0"), T0 + 1000), None);
-        assert!(lock.member(&dg(b"h0")).is_some());
-    }
-
-    #[test]
-    fn what_a_group_keeps_about_its_members_follows_them() {
-        let mut lock = Lock::default();
-        let a = granted(lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0));
-        let b = granted(lock.grant(&asking(b"b", 3000, Mode::Shared), a, T0));
-        let c = granted(lock.grant(&asking(b"c", 2000, Mode::Shared), b, T0));
-        assert_eq!(lock.next_deadline(), Some(T0 + 1000));
-        assert!(lock.has_room(T0 + 999) && !lock.is_overdue(T0 + 999));
-        // The earliest holder leaves: the lease timer may look early, never late, and a look
-        // for overdue holders finds the new earliest.
-        assert_eq!(lock.release(&dg(b"a"), T0 + 10), Some(true));
-        assert!(lock.next_deadline() <= Some(T0 + 2000));
-        assert!(!lock.is_overdue(T0 + 1500));
-        assert_eq!(lock.next_deadline(), Some(T0 + 2000));
-        // A renewal moves a deadline back; a new holder may bring an earlier one.
-        assert!(lock.renew(&dg(b"c"), 100, T0 + 20));
-        assert_eq!(lock.next_deadline(), Some(T0 + 120));
-        let d = granted(lock.grant(&asking(b"d", 50, Mode::Shared), c, T0 + 30));
-        assert_eq!(lock.next_deadline(), Some(T0 + 80));
-        assert!(lock.is_overdue(T0 + 80));
-        assert!(lock.expire(T0 + 80));
-        assert_eq!(lock.members().len(), 2);
-        assert!(!lock.holds(&dg(b"d"), T0 + 80) && d > c);
-        // Long holds: none until one is marked, then that one until it ends.
-        assert_eq!(lock.long_fences(), Vec::<u64>::new());
-        assert_eq!(lock.mark_long(50, T0 + 100).len(), 2);
-        assert_eq!(lock.long_fences(), vec![b, c]);
-        assert_eq!(lock.release(&dg(b"c"), T0 + 100), Some(true));
-        assert_eq!(lock.long_fences(), vec![b]);
-        // A long exclusive hold that becomes a shared one stays long.
-        let mut lock = Lock::default();
-        let x = granted(lock.grant(&asking(b"x", 1000, Mode::Exclusive), 0, T0));
-        assert_eq!(lock.mark_long(10, T0 + 10).len(), 1);
-        let downgraded = lock.grant(&asking(b"x", 1000, Mode::Shared), x, T0 + 20);
-        assert_eq!(downgraded, Ok(Acquire::Downgraded { fence: x }));
-        assert_eq!(lock.long_fences(), vec![x]);
-        granted(lock.grant(&asking(b"y", 1000, Mode::Shared), x, T0 + 20));
-        assert_eq!(lock.long_fences(), vec![x]);
     }
 
     #[test]

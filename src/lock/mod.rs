@@ -1,8 +1,9 @@
-//! The lock itself, free of any Redis API: what a lock is and how it changes ([`core`]), the
-//! server-wide fence floor ([`floor`]), the events a change is announced and replicated as
-//! ([`event`]), the one encoding of a lock for RDB, replicated effects and digests ([`codec`]),
-//! and the bookkeeping the service keeps beside the keyspace: the lease index
-//! ([`lease_index`]), the queues of waiting clients ([`queues`]), the session owners
+//! The lock itself, free of any Redis API: what a lock is, who may hold it and how it changes
+//! ([`core`]), a hold's record, its holder and grant ([`grant`]), the shared or permit holders of
+//! a lock ([`group`]), the server-wide fence floor ([`floor`]), the events a change is announced
+//! and replicated as ([`event`]), the one encoding of a lock for RDB, replicated effects and
+//! digests ([`codec`]), and the bookkeeping the service keeps beside the keyspace: the lease
+//! index ([`lease_index`]), the queues of waiting clients ([`queues`]), the session owners
 //! ([`sessions`]) and the cluster slots being imported ([`slots`]); a token as the server keeps
 //! it, a digest ([`token`]); the short texts a grant keeps inline ([`text`]).
 //!
@@ -13,6 +14,8 @@ pub mod codec;
 pub mod core;
 pub mod event;
 pub mod floor;
+pub mod grant;
+pub mod group;
 pub mod lease_index;
 #[cfg(test)]
 mod model_tests;

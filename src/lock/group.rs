@@ -1,0 +1,301 @@
+//! The shared side of a lock ([`Group`]): its shared or permit holders ([`Member`]) in grant
+//! order, their tokens' fingerprints, which find one token among thousands of holders, what was
+//! found of their deadlines, and a semaphore's limit; and one member's change as it is replicated
+//! ([`MemberChange`]).
+
+use crate::lock::grant::Holder;
+use crate::lock::token::TokenDigest;
+
+/// A shared holder or a permit holder: a holder with the fence of its own grant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub fence: u64,
+    pub holder: Holder,
+    /// A fingerprint of the token (see [`TokenDigest::print`]), beside the fence in the
+    /// members' vector: a search for a token among thousands of holders compares these and
+    /// reads a digest (behind its grant record) only where they match.
+    pub(super) print: u32,
+}
+
+impl Member {
+    pub fn new(fence: u64, holder: Holder) -> Member {
+        let print = holder.token().print();
+        Member {
+            fence,
+            holder,
+            print,
+        }
+    }
+
+    /// True when this member's token is `token`, whose fingerprint is `print`.
+    pub(super) fn is(&self, token: &TokenDigest, print: u32) -> bool {
+        self.print == print && self.holder.token() == token
+    }
+}
+
+/// One shared or permit holder's change, replicated on its own rather than with every holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    /// The holder with this member's token now holds so (a grant, a refresh, a renewal, a
+    /// dropped reentrant hold).
+    Set(Member),
+    /// The holders with these tokens are gone (released, expired, their sessions ended).
+    Remove(Vec<TokenDigest>),
+}
+
+/// The shared side of a lock: its shared holders, or the permits of a semaphore.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// The number of permits of a semaphore; 0 for the shared holders of a read/write lock.
+    /// A semaphore keeps its limit while its key exists, free or not.
+    pub limit: u32,
+    /// The holders, in grant order (their fences increase).
+    pub(super) members: Vec<Member>,
+    /// Their tokens' fingerprints, in the same order, packed: a search for a token among a
+    /// thousand holders reads these 4 KB, 16 at a time, instead of the members' 40 KB.
+    pub(super) prints: Vec<u32>,
+    /// No later than the earliest deadline among the members, once a look through them found
+    /// it: with a thousand holders, "is one overdue?", "when is the next one due?" and "how
+    /// many are live?" are asked several times per command, and answered from it. Exact after
+    /// that look; a holder leaving may leave it early (a lease timer set by it fires early,
+    /// never late, and the next look makes it exact again). Beside it, whether a member may
+    /// have been announced as a long hold.
+    pub(super) hints: Hints,
+}
+
+impl Group {
+    pub fn new(limit: u32, members: Vec<Member>) -> Group {
+        Group {
+            limit,
+            prints: members.iter().map(|m| m.print).collect(),
+            members,
+            hints: Hints::default(),
+        }
+    }
+
+    /// The holders, in grant order.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// Lets `change` change the holders as it likes; what the group keeps about them is
+    /// brought up to date afterwards.
+    pub fn change_members<R>(&mut self, change: impl FnOnce(&mut Vec<Member>) -> R) -> R {
+        let result = change(&mut self.members);
+        self.prints.clear();
+        self.prints.extend(self.members.iter().map(|m| m.print));
+        self.hints = Hints::default();
+        result
+    }
+
+    /// The index of the newest member whose token is `token` and that `wanted` accepts.
+    pub(super) fn find(
+        &self,
+        token: &TokenDigest,
+        wanted: impl Fn(&Member) -> bool,
+    ) -> Option<usize> {
+        const BLOCK: usize = 16;
+        let print = token.print();
+        let mut end = self.prints.len();
+        while end > 0 {
+            let start = end.saturating_sub(BLOCK);
+            let block = self.prints.get(start..end)?;
+            // No early exit inside a block: the compiler compares it in a few vector steps.
+            if block.iter().fold(false, |seen, &p| seen | (p == print)) {
+                let found = (start..end).rev().find(|&index| {
+                    self.prints.get(index) == Some(&print)
+                        && self
+                            .members
+                            .get(index)
+                            .is_some_and(|m| m.is(token, print) && wanted(m))
+                });
+                if found.is_some() {
+                    return found;
+                }
+            }
+            end = start;
+        }
+        None
+    }
+
+    /// Adds a holder last, keeping the earliest deadline when it is known.
+    pub fn push(&mut self, member: Member) {
+        let deadline = member.holder.deadline;
+        let long = member.holder.long;
+        self.prints.push(member.print);
+        self.members.push(member);
+        if let Some(earliest) = self.hints.earliest.get() {
+            self.hints.earliest.set(Some(earliest.min(deadline)));
+        }
+        if long {
+            self.hints.long.set(Some(true));
+        }
+    }
+
+    /// Removes the holder at `index` (the bound on the deadlines stays a bound).
+    pub(super) fn remove(&mut self, index: usize) -> Option<Member> {
+        if index >= self.members.len() || index >= self.prints.len() {
+            return None;
+        }
+        self.prints.remove(index);
+        Some(self.members.remove(index))
+    }
+
+    /// A time no later than the earliest deadline among the holders (the earliest itself when
+    /// the holders were looked through since one left); `None` without holders.
+    pub fn deadline_bound(&self) -> Option<u64> {
+        if self.members.is_empty() {
+            return None;
+        }
+        self.hints.earliest.get().or_else(|| self.earliest_exact())
+    }
+
+    /// The earliest deadline among the holders, looked for (and kept).
+    fn earliest_exact(&self) -> Option<u64> {
+        let earliest = self.members.iter().map(|m| m.holder.deadline).min()?;
+        self.hints.earliest.set(Some(earliest));
+        Some(earliest)
+    }
+
+    /// False when no member was announced as a long hold (looked for once, then kept).
+    pub(super) fn maybe_long(&self) -> bool {
+        self.hints.long.get().unwrap_or_else(|| {
+            let long = self.members.iter().any(|m| m.holder.long);
+            self.hints.long.set(Some(long));
+            long
+        })
+    }
+
+    /// True when a holder's lease ran out by `now`.
+    pub(super) fn any_overdue(&self, now: u64) -> bool {
+        if self.deadline_bound().is_none_or(|bound| bound > now) {
+            return false;
+        }
+        self.earliest_exact()
+            .is_some_and(|earliest| earliest <= now)
+    }
+
+    /// How many holders have a lease still running at `now`.
+    pub(super) fn live_count(&self, now: u64) -> usize {
+        if !self.any_overdue(now) {
+            return self.members.len();
+        }
+        self.members
+            .iter()
+            .filter(|m| m.holder.deadline > now)
+            .count()
+    }
+
+    /// Drops the holders whose lease ran out by `now`.
+    pub(super) fn drop_overdue(&mut self, now: u64) {
+        if self.any_overdue(now) {
+            self.change_members(|members| members.retain(|m| m.holder.deadline > now));
+        }
+    }
+}
+
+/// What a group's members were found to be, kept until they change (`None`: look again). Not
+/// part of the lock's value: equal groups compare equal whatever they hold.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Hints {
+    /// See [`Group::deadline_bound`].
+    earliest: std::cell::Cell<Option<u64>>,
+    /// Whether a member may be marked long (true may be stale after it left: never false while
+    /// one is).
+    pub(super) long: std::cell::Cell<Option<bool>>,
+}
+
+impl PartialEq for Hints {
+    fn eq(&self, _: &Hints) -> bool {
+        true
+    }
+}
+
+impl Eq for Hints {}
+
+#[cfg(test)]
+mod tests {
+    use crate::lock::core::tests::{asking, dg, granted, T0};
+    use crate::lock::core::{Acquire, Lock, Mode};
+
+    #[test]
+    fn a_token_is_found_among_many_holders_and_beside_one_with_the_same_fingerprint() {
+        // Two tokens whose fingerprints collide (a birthday search over 32 bits).
+        let mut seen = std::collections::HashMap::new();
+        let (x, y) = (0u32..)
+            .find_map(|n| {
+                let token = format!("t{n}").into_bytes();
+                let earlier = seen.insert(dg(&token).print(), token.clone())?;
+                Some((earlier, token))
+            })
+            .unwrap();
+        assert_ne!(x, y);
+        let mut lock = Lock::default();
+        let mut fence = 0;
+        let mut tokens: Vec<Vec<u8>> = (0..40).map(|n| format!("h{n}").into_bytes()).collect();
+        tokens.insert(3, x.clone());
+        tokens.insert(20, y.clone());
+        for (n, token) in tokens.iter().enumerate() {
+            let ttl = 1000 + n as u64;
+            fence = granted(lock.grant(&asking(token, ttl, Mode::Shared), fence, T0));
+        }
+        for (index, token) in tokens.iter().enumerate() {
+            assert_eq!(lock.live_member_index(&dg(token), T0), Some(index));
+            assert_eq!(
+                lock.member(&dg(token)).map(|m| *m.holder.token()),
+                Some(dg(token))
+            );
+        }
+        assert_eq!(lock.live_member_index(&dg(b"nobody"), T0), None);
+        // The colliding holders end one at a time; the other stays found.
+        let (x, y) = (dg(&x), dg(&y));
+        assert_eq!(lock.release(&y, T0), Some(true));
+        assert!(lock.holds(&x, T0) && !lock.holds(&y, T0));
+        assert_eq!(lock.release(&x, T0), Some(true));
+        assert!(!lock.holds(&x, T0));
+        assert_eq!(lock.members().len(), 40);
+        // A member whose lease ran out is not live, but is still its token's member.
+        assert_eq!(lock.live_member_index(&dg(b"h0"), T0 + 1000), None);
+        assert!(lock.member(&dg(b"h0")).is_some());
+    }
+
+    #[test]
+    fn what_a_group_keeps_about_its_members_follows_them() {
+        let mut lock = Lock::default();
+        let a = granted(lock.grant(&asking(b"a", 1000, Mode::Shared), 0, T0));
+        let b = granted(lock.grant(&asking(b"b", 3000, Mode::Shared), a, T0));
+        let c = granted(lock.grant(&asking(b"c", 2000, Mode::Shared), b, T0));
+        assert_eq!(lock.next_deadline(), Some(T0 + 1000));
+        assert!(lock.has_room(T0 + 999) && !lock.is_overdue(T0 + 999));
+        // The earliest holder leaves: the lease timer may look early, never late, and a look
+        // for overdue holders finds the new earliest.
+        assert_eq!(lock.release(&dg(b"a"), T0 + 10), Some(true));
+        assert!(lock.next_deadline() <= Some(T0 + 2000));
+        assert!(!lock.is_overdue(T0 + 1500));
+        assert_eq!(lock.next_deadline(), Some(T0 + 2000));
+        // A renewal moves a deadline back; a new holder may bring an earlier one.
+        assert!(lock.renew(&dg(b"c"), 100, T0 + 20));
+        assert_eq!(lock.next_deadline(), Some(T0 + 120));
+        let d = granted(lock.grant(&asking(b"d", 50, Mode::Shared), c, T0 + 30));
+        assert_eq!(lock.next_deadline(), Some(T0 + 80));
+        assert!(lock.is_overdue(T0 + 80));
+        assert!(lock.expire(T0 + 80));
+        assert_eq!(lock.members().len(), 2);
+        assert!(!lock.holds(&dg(b"d"), T0 + 80) && d > c);
+        // Long holds: none until one is marked, then that one until it ends.
+        assert_eq!(lock.long_fences(), Vec::<u64>::new());
+        assert_eq!(lock.mark_long(50, T0 + 100).len(), 2);
+        assert_eq!(lock.long_fences(), vec![b, c]);
+        assert_eq!(lock.release(&dg(b"c"), T0 + 100), Some(true));
+        assert_eq!(lock.long_fences(), vec![b]);
+        // A long exclusive hold that becomes a shared one stays long.
+        let mut lock = Lock::default();
+        let x = granted(lock.grant(&asking(b"x", 1000, Mode::Exclusive), 0, T0));
+        assert_eq!(lock.mark_long(10, T0 + 10).len(), 1);
+        let downgraded = lock.grant(&asking(b"x", 1000, Mode::Shared), x, T0 + 20);
+        assert_eq!(downgraded, Ok(Acquire::Downgraded { fence: x }));
+        assert_eq!(lock.long_fences(), vec![x]);
+        granted(lock.grant(&asking(b"y", 1000, Mode::Shared), x, T0 + 20));
+        assert_eq!(lock.long_fences(), vec![x]);
+    }
+}
