@@ -8,7 +8,9 @@
 //! - **Digest** (`DEBUG DIGEST`): the same fields in the same order.
 //! - **Effect** (`LOCK.APPLY key state [token]`, to replicas and the AOF): the state
 //!   `event:fence:floor[:deadline:holds:flags[:delay]]` as one argument (a free lock in a
-//!   lock-delay: `event:fence:floor:until`), the token's digest as the next. A lock with a
+//!   lock-delay: `event:fence:floor:until`; the floor empty when it equals the fence), then the
+//!   holder's token digest and `addr name label`: inside the state after one more `:` when the
+//!   text is short (flags bit 4, this release), else as arguments of their own. A lock with a
 //!   group: `event:fence:floor:g:limit`, then per member `fence:deadline:holds:flags` and its
 //!   token's digest. The change of one shared or permit holder travels alone, whatever the
 //!   number of holders: `event:fence:floor:e:limit:now`, then that member's state and token's
