@@ -9,7 +9,7 @@ use redis_module::{raw, Context, RedisString, RedisValue};
 
 use crate::error::LockError;
 use crate::host::{as_call, guarded, log_warning, ERR, OK};
-use crate::host::{call, keys};
+use crate::host::{call, keys, server};
 
 /// What a command handler answers: a reply, or an error whose text the client sees.
 pub type CommandResult = Result<RedisValue, LockError>;
@@ -41,6 +41,7 @@ pub extern "C" fn entry<C: Command>(
     argc: c_int,
 ) -> c_int {
     let context = Context::new(ctx);
+    let outer = server::begin_command(&context);
     as_call(&context, || {
         let args = BorrowedArgs::of(ctx, argv, argc);
         let args = args.as_strings();
@@ -54,6 +55,7 @@ pub extern "C" fn entry<C: Command>(
         }
         reply(&context, outcome);
     });
+    server::end_command(outer);
     OK
 }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use redis_module::{raw, Context, ContextFlags, RedisString, RedisValue};
@@ -31,6 +32,49 @@ pub fn select_db(ctx: &Context, db: i32) -> bool {
     unsafe { raw::RedisModule_SelectDb.is_some_and(|f| f(ctx.ctx, db) == OK) }
 }
 
+/// The running command's context (0: none), and its flags once read (see [`flags`]; above
+/// `u32::MAX`: not read yet). Statics rather than thread-locals, which cost a call each in a
+/// shared library: commands run on the main thread only, and any other thread's context is
+/// another pointer.
+static COMMAND_CTX: AtomicUsize = AtomicUsize::new(0);
+static COMMAND_FLAGS: AtomicU64 = AtomicU64::new(UNREAD);
+const UNREAD: u64 = u64::MAX;
+
+/// A command's context flags are read at most once: every question about them during the
+/// command (is it a replica, a script, MULTI, loading?) is answered from that read, where each
+/// used to cost a call into the server. Nothing a command does changes them. Returns what to
+/// hand to [`end_command`].
+pub fn begin_command(ctx: &Context) -> (usize, u64) {
+    (
+        COMMAND_CTX.swap(ctx.ctx as usize, Ordering::Relaxed),
+        COMMAND_FLAGS.swap(UNREAD, Ordering::Relaxed),
+    )
+}
+
+/// The command [`begin_command`] began has returned: the one around it, if any, is current
+/// again.
+pub fn end_command((ctx, flags): (usize, u64)) {
+    COMMAND_CTX.store(ctx, Ordering::Relaxed);
+    COMMAND_FLAGS.store(flags, Ordering::Relaxed);
+}
+
+/// The flags of `ctx`: for the running command's context, read the first time they are asked
+/// for; for any other (a callback's, a timer's), read now.
+fn flags(ctx: &Context) -> ContextFlags {
+    let current = COMMAND_CTX.load(Ordering::Relaxed) == ctx.ctx as usize;
+    if current {
+        if let Ok(bits) = u32::try_from(COMMAND_FLAGS.load(Ordering::Relaxed)) {
+            return ContextFlags::from_bits_truncate(bits as i32);
+        }
+    }
+    // SAFETY: a valid context; the call only reads the server's and the client's state.
+    let bits = unsafe { raw::RedisModule_GetContextFlags.map_or(0, |f| f(ctx.ctx)) };
+    if current {
+        COMMAND_FLAGS.store(u64::from(bits as u32), Ordering::Relaxed);
+    }
+    ContextFlags::from_bits_truncate(bits)
+}
+
 /// The id of the client running the command (0 for none).
 pub fn client_id(ctx: &Context) -> u64 {
     // SAFETY: a valid context.
@@ -41,7 +85,7 @@ pub fn client_id(ctx: &Context) -> u64 {
 /// runs scripts through a client of its own that it lists as connected but that has no
 /// connection, and asking the server for such a client's address crashes it) and for no client.
 pub fn caller_id(ctx: &Context) -> u64 {
-    if ctx.get_flags().contains(ContextFlags::LUA) {
+    if flags(ctx).contains(ContextFlags::LUA) {
         return 0;
     }
     client_id(ctx)
@@ -49,30 +93,29 @@ pub fn caller_id(ctx: &Context) -> u64 {
 
 /// True on a primary (not a replica).
 pub fn is_primary(ctx: &Context) -> bool {
-    ctx.get_flags().contains(ContextFlags::MASTER)
+    flags(ctx).contains(ContextFlags::MASTER)
 }
 
 /// True on a Redis Cluster node.
 pub fn is_cluster(ctx: &Context) -> bool {
-    ctx.get_flags().contains(ContextFlags::CLUSTER)
+    flags(ctx).contains(ContextFlags::CLUSTER)
 }
 
 /// True while the server loads an RDB file or the AOF (also a replica's full sync).
 pub fn is_loading(ctx: &Context) -> bool {
-    ctx.get_flags().contains(ContextFlags::LOADING)
+    flags(ctx).contains(ContextFlags::LOADING)
 }
 
 /// True when the command comes from the primary or the AOF: limits meant for clients do not
 /// apply to it.
 pub fn is_replayed(ctx: &Context) -> bool {
-    ctx.get_flags()
-        .intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
+    flags(ctx).intersects(ContextFlags::REPLICATED | ContextFlags::LOADING)
 }
 
 /// True when the running command may block its client (not in MULTI, Lua, AOF loading or
 /// replication).
 pub fn may_block(ctx: &Context) -> bool {
-    !ctx.get_flags().intersects(
+    !flags(ctx).intersects(
         ContextFlags::DENY_BLOCKING
             | ContextFlags::MULTI
             | ContextFlags::LUA
@@ -98,7 +141,7 @@ pub fn key_string(ctx: &Context, key: &[u8]) -> RedisString {
 /// are configured. Read from the context flags: no command runs, so nothing shows up in SLOWLOG,
 /// MONITOR or INFO commandstats.
 pub fn persistence(ctx: &Context) -> (bool, bool) {
-    let flags = ctx.get_flags();
+    let flags = flags(ctx);
     (
         flags.contains(ContextFlags::AOF),
         flags.contains(ContextFlags::RDB),
@@ -231,14 +274,13 @@ pub fn replication_acks(ctx: &Context) -> Option<(i64, Vec<i64>)> {
 
 /// True inside a script or function (run by a client of the server's own, not a connection).
 pub fn in_script(ctx: &Context) -> bool {
-    ctx.get_flags().contains(ContextFlags::LUA)
+    flags(ctx).contains(ContextFlags::LUA)
 }
 
 /// True inside MULTI/EXEC or a script (or function): Redis serves the clients blocked on keys
 /// only after the whole transaction or script, and so does the module.
 pub fn in_multi_or_script(ctx: &Context) -> bool {
-    ctx.get_flags()
-        .intersects(ContextFlags::MULTI | ContextFlags::LUA)
+    flags(ctx).intersects(ContextFlags::MULTI | ContextFlags::LUA)
 }
 
 /// True while the server must not send anything of its own to replicas (CLIENT PAUSE, a
