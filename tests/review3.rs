@@ -63,8 +63,7 @@ fn write_every_exclusive_shape(c: &mut Conn) -> Vec<String> {
         {
             // Length 0: no name and no label (the address alone).
             let with_label = extra.contains(&"LABEL");
-            if len > 0 && name_for_who_len(c, len, if with_label { label } else { "" }).is_none()
-            {
+            if len > 0 && name_for_who_len(c, len, if with_label { label } else { "" }).is_none() {
                 continue;
             }
             if len == 0 {
@@ -87,7 +86,11 @@ fn write_every_exclusive_shape(c: &mut Conn) -> Vec<String> {
         "renew"
     );
     // A reentrant hold released once: the count goes down, the holder stays.
-    let reentrant = keys.iter().find(|k| k.ends_with("-2")).expect("a reentrant key").clone();
+    let reentrant = keys
+        .iter()
+        .find(|k| k.ends_with("-2"))
+        .expect("a reentrant key")
+        .clone();
     assert!(c.call(&["LOCK.RELEASE", &reentrant, SECRET]).is_int());
     // A free lock in its lock-delay (expired), its fence below the newest.
     name_for_who_len(c, 40, "").expect("a name");
@@ -128,7 +131,11 @@ fn review3_inline_effects_replay_exactly_on_a_replica_and_from_the_aof_and_its_r
     wait_replica_caught_up(&primary, &replica);
     let mut r = replica.conn();
     assert_eq!(digests(&mut r, &keys), before, "replica");
-    assert_eq!(r.call(&["DEBUG", "DIGEST"]).text(), whole, "replica DEBUG DIGEST");
+    assert_eq!(
+        r.call(&["DEBUG", "DIGEST"]).text(),
+        whole,
+        "replica DEBUG DIGEST"
+    );
 
     // The AOF as written command by command.
     assert_eq!(c.call(&["DEBUG", "LOADAOF"]), Reply::status("OK"));
@@ -140,13 +147,27 @@ fn review3_inline_effects_replay_exactly_on_a_replica_and_from_the_aof_and_its_r
         "Background append only file rewriting started"
     );
     wait_for("the AOF rewrite finished", || {
-        (primary.info_field("persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
-            && primary.info_field("persistence", "aof_rewrite_scheduled").as_deref() == Some("0"))
+        (primary
+            .info_field("persistence", "aof_rewrite_in_progress")
+            .as_deref()
+            == Some("0")
+            && primary
+                .info_field("persistence", "aof_rewrite_scheduled")
+                .as_deref()
+                == Some("0"))
         .then_some(())
     });
     assert_eq!(c.call(&["DEBUG", "LOADAOF"]), Reply::status("OK"));
-    assert_eq!(digests(&mut c, &keys), before, "after a rewrite and DEBUG LOADAOF");
-    assert_eq!(c.call(&["DEBUG", "DIGEST"]).text(), whole, "DEBUG DIGEST after the rewrite");
+    assert_eq!(
+        digests(&mut c, &keys),
+        before,
+        "after a rewrite and DEBUG LOADAOF"
+    );
+    assert_eq!(
+        c.call(&["DEBUG", "DIGEST"]).text(),
+        whole,
+        "DEBUG DIGEST after the rewrite"
+    );
 }
 
 /// PASSES (pins behaviour): the effects of the build before this change (`3a8269d`: token
@@ -177,12 +198,79 @@ fn review3_effects_and_aof_of_the_build_before_the_change_replay_exactly() {
     wait_replica_caught_up(&primary, &replica);
     let mut r = replica.conn();
     assert_eq!(digests(&mut r, &keys), before, "replica of this build");
-    assert_eq!(r.call(&["DEBUG", "DIGEST"]).text(), whole, "replica DEBUG DIGEST");
+    assert_eq!(
+        r.call(&["DEBUG", "DIGEST"]).text(),
+        whole,
+        "replica DEBUG DIGEST"
+    );
     drop(c);
     primary.shutdown();
     primary.config.module = None;
     primary.restart();
     let mut c = primary.conn();
-    assert_eq!(digests(&mut c, &keys), before, "the older AOF loaded in this build");
+    assert_eq!(
+        digests(&mut c, &keys),
+        before,
+        "the older AOF loaded in this build"
+    );
     assert_eq!(c.call(&["DEBUG", "DIGEST"]).text(), whole, "DEBUG DIGEST");
+}
+
+/// PASSES (pins behaviour): a command's arguments on either side of the 12 kept on the stack
+/// (`BorrowedArgs`): MACQUIRE and MRELEASE of 7 to 10 keys (11 to 14 arguments), their key
+/// positions (COMMAND GETKEYS), an ACQUIRE of exactly 12 arguments and a FENCE of 13 (refused
+/// for its arity, changing nothing).
+#[test]
+fn review3_commands_of_11_to_14_arguments_read_every_argument() {
+    let server = Server::start();
+    let mut c = server.conn();
+    for n in 7..=10usize {
+        let keys: Vec<String> = (0..n).map(|i| format!("m{n}-{i}")).collect();
+        let numkeys = n.to_string();
+        let mut call = vec!["LOCK.MACQUIRE", numkeys.as_str()];
+        call.extend(keys.iter().map(String::as_str));
+        call.extend([SECRET, "60000"]);
+        assert_eq!(call.len(), n + 4);
+        let getkeys = c.call(&[&["COMMAND", "GETKEYS"][..], &call].concat());
+        assert_eq!(
+            getkeys,
+            Reply::Array(keys.iter().map(|k| Reply::bulk(k)).collect()),
+            "{n} keys"
+        );
+        let fences = c.call(&call);
+        assert_eq!(fences.items().len(), n, "{fences:?}");
+        for key in &keys {
+            assert_eq!(state_of(&mut c, key), "held", "{key}");
+        }
+        let mut release = vec!["LOCK.MRELEASE", numkeys.as_str()];
+        release.extend(keys.iter().map(String::as_str));
+        release.push(SECRET);
+        assert!(!c.call(&release).is_error(), "{n} keys");
+        for key in &keys {
+            assert_ne!(state_of(&mut c, key), "held", "{key}");
+        }
+    }
+    let twelve = [
+        "LOCK.ACQUIRE",
+        "a12",
+        SECRET,
+        "60000",
+        "REENTRANT",
+        "SESSION",
+        "LOCKDELAY",
+        "0",
+        "LABEL",
+        "twelve",
+        "WAIT",
+        "0",
+    ];
+    assert_eq!(twelve.len(), 12);
+    assert!(c.call(&twelve).is_int());
+    assert_eq!(lock_field(&mut c, "a12", "state").text(), "held");
+    let fence = fence_of(&mut c, "a12");
+    let mut thirteen = vec!["LOCK.FENCE", "a12"];
+    thirteen.extend(["x"; 11]);
+    assert_eq!(thirteen.len(), 13);
+    assert!(c.call(&thirteen).is_error());
+    assert_eq!(fence_of(&mut c, "a12"), fence);
 }

@@ -970,8 +970,7 @@ mod tests {
         let old = [
             format!(
                 "acquire:{}:{}:1764000030000:2:13:1764000000000:7",
-                lock.fence,
-                lock.fence
+                lock.fence, lock.fence
             )
             .into_bytes(),
             lock.holder.as_ref().unwrap().token().as_bytes().to_vec(),
@@ -1170,7 +1169,8 @@ mod tests {
             floor.to_string()
         };
         // flags 25: session, the token field is its digest, and it follows inline.
-        let mut expected = format!("acquire:12:{floor_field}:18446744073709551615:3:25:").into_bytes();
+        let mut expected =
+            format!("acquire:12:{floor_field}:18446744073709551615:3:25:").into_bytes();
         expected.extend_from_slice(TokenDigest::of(b"t").as_bytes());
         assert_eq!(state.as_bytes(), expected);
         assert!(state.holds_inline());
@@ -1188,7 +1188,10 @@ mod tests {
             0 => String::new(),
             floor => floor.to_string(),
         };
-        assert_eq!(free.as_bytes(), format!("release:0:{floor_field}").as_bytes());
+        assert_eq!(
+            free.as_bytes(),
+            format!("release:0:{floor_field}").as_bytes()
+        );
         assert!(!free.holds_inline());
     }
 
@@ -1265,6 +1268,42 @@ mod tests {
         assert_eq!(effect.lock, lock);
     }
 
+    /// Review 3, PASSES (pins behaviour): the longest state `State::of` can write (the longest
+    /// event word, every number at its widest, a lock-delay, who known at `INLINE_WHO` bytes
+    /// with `:` in it) fits its fixed buffer, which cuts silently: it round-trips whole.
+    #[test]
+    fn review3_the_widest_inline_state_is_not_cut() {
+        let who = [b':'; INLINE_WHO];
+        let lock = Lock {
+            fence: MAX_FENCE,
+            holder: Some(Holder {
+                provisional: false,
+                long: false,
+                deadline: u64::MAX,
+                holds: u32::MAX,
+                session: true,
+                grant: Box::new(Grant::new(
+                    TokenDigest::of(b"secret"),
+                    u64::MAX,
+                    u64::MAX,
+                    u64::MAX,
+                    &who,
+                )),
+            }),
+            group: None,
+            delayed_until: 0,
+        };
+        let state = State::of(Event::ForceRelease, &lock);
+        assert!(state.holds_inline());
+        assert!(
+            state.as_bytes().ends_with(&who),
+            "cut: {} bytes",
+            state.as_bytes().len()
+        );
+        assert!(state.as_bytes().len() < STATE_LEN);
+        round_trip(Event::ForceRelease, lock);
+    }
+
     #[test]
     fn malformed_inline_holders_are_refused() {
         let digest = TokenDigest::of(b"secret");
@@ -1277,7 +1316,10 @@ mod tests {
             with_tail("acquire:7::9:1:16:", digest.as_bytes()),
             with_tail("acquire:7::9:1:8:", digest.as_bytes()),
             // Bytes after the digest with no who flag.
-            with_tail("acquire:7::9:1:24:", &[&digest.as_bytes()[..], b"x"].concat()),
+            with_tail(
+                "acquire:7::9:1:24:",
+                &[&digest.as_bytes()[..], b"x"].concat(),
+            ),
             // The who flag without its two numbers.
             with_tail("acquire:7::9:1:28:", digest.as_bytes()),
             // A hold count of 0; unknown flags.
