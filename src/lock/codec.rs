@@ -970,7 +970,8 @@ mod tests {
         let old = [
             format!(
                 "acquire:{}:{}:1764000030000:2:13:1764000000000:7",
-                lock.fence, lock.fence
+                lock.fence,
+                lock.fence
             )
             .into_bytes(),
             lock.holder.as_ref().unwrap().token().as_bytes().to_vec(),
@@ -1169,8 +1170,7 @@ mod tests {
             floor.to_string()
         };
         // flags 25: session, the token field is its digest, and it follows inline.
-        let mut expected =
-            format!("acquire:12:{floor_field}:18446744073709551615:3:25:").into_bytes();
+        let mut expected = format!("acquire:12:{floor_field}:18446744073709551615:3:25:").into_bytes();
         expected.extend_from_slice(TokenDigest::of(b"t").as_bytes());
         assert_eq!(state.as_bytes(), expected);
         assert!(state.holds_inline());
@@ -1188,10 +1188,7 @@ mod tests {
             0 => String::new(),
             floor => floor.to_string(),
         };
-        assert_eq!(
-            free.as_bytes(),
-            format!("release:0:{floor_field}").as_bytes()
-        );
+        assert_eq!(free.as_bytes(), format!("release:0:{floor_field}").as_bytes());
         assert!(!free.holds_inline());
     }
 
@@ -1316,10 +1313,7 @@ mod tests {
             with_tail("acquire:7::9:1:16:", digest.as_bytes()),
             with_tail("acquire:7::9:1:8:", digest.as_bytes()),
             // Bytes after the digest with no who flag.
-            with_tail(
-                "acquire:7::9:1:24:",
-                &[&digest.as_bytes()[..], b"x"].concat(),
-            ),
+            with_tail("acquire:7::9:1:24:", &[&digest.as_bytes()[..], b"x"].concat()),
             // The who flag without its two numbers.
             with_tail("acquire:7::9:1:28:", digest.as_bytes()),
             // A hold count of 0; unknown flags.
