@@ -1268,6 +1268,42 @@ mod tests {
         assert_eq!(effect.lock, lock);
     }
 
+    /// Review 3, PASSES (pins behaviour): the longest state `State::of` can write (the longest
+    /// event word, every number at its widest, a lock-delay, who known at `INLINE_WHO` bytes
+    /// with `:` in it) fits its fixed buffer, which cuts silently: it round-trips whole.
+    #[test]
+    fn review3_the_widest_inline_state_is_not_cut() {
+        let who = [b':'; INLINE_WHO];
+        let lock = Lock {
+            fence: MAX_FENCE,
+            holder: Some(Holder {
+                provisional: false,
+                long: false,
+                deadline: u64::MAX,
+                holds: u32::MAX,
+                session: true,
+                grant: Box::new(Grant::new(
+                    TokenDigest::of(b"secret"),
+                    u64::MAX,
+                    u64::MAX,
+                    u64::MAX,
+                    &who,
+                )),
+            }),
+            group: None,
+            delayed_until: 0,
+        };
+        let state = State::of(Event::ForceRelease, &lock);
+        assert!(state.holds_inline());
+        assert!(
+            state.as_bytes().ends_with(&who),
+            "cut: {} bytes",
+            state.as_bytes().len()
+        );
+        assert!(state.as_bytes().len() < STATE_LEN);
+        round_trip(Event::ForceRelease, lock);
+    }
+
     #[test]
     fn malformed_inline_holders_are_refused() {
         let digest = TokenDigest::of(b"secret");
