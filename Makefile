@@ -159,12 +159,14 @@ lint: deps ## cargo fmt --check and cargo clippy -D warnings, on the module and 
 # The benchmark suite (bench/main.rs): its own redis-server processes, pinned apart from the load
 # (redis-benchmark and the bench's drivers) with taskset; every figure a ratio against a baseline
 # in the same run, median of interleaved rounds. Tables to stdout and bench/results.md, then
-# bench/chart.sh redraws bench/handoff.png (matplotlib from pip into .cache/bench-py). A few
+# bench/chart.sh redraws bench/handoff.png (matplotlib from pip into .cache/bench-py), and
+# bench-budget's tables (instructions and allocations per command) go to bench/budget.md. A few
 # minutes; BENCH_QUICK=1 is a fast check (results in target/bench/, chart untouched). Not in CI.
 bench: release ## Benchmarks against SET NX PX, Lua scripts, polling waiters and SET PX (BENCH_QUICK=1: quick)
 	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example bench
 	@bench/chart.sh
 	@[ -n "$(BENCH_QUICK)" ] || python3 bench/sync-readme.py
+	@[ -n "$(BENCH_QUICK)" ] || BENCH_BUDGET_OUT="$(CURDIR)/bench/budget.md" $(MAKE) --no-print-directory bench-budget || true
 
 # The budget CI keeps (bench/budget.rs): instructions executed inside ACQUIRE, RELEASE, RENEW and
 # FENCE against SET NX PX, the two scripts and GET (valgrind callgrind, which counts the same on
