@@ -58,6 +58,12 @@ pub fn end_command((ctx, flags): (usize, u64)) {
     COMMAND_FLAGS.store(flags, Ordering::Relaxed);
 }
 
+/// The running command's flags are read again the next time they are asked for (after it ran
+/// another command).
+pub fn forget_flags() {
+    COMMAND_FLAGS.store(UNREAD, Ordering::Relaxed);
+}
+
 /// The flags of `ctx`: for the running command's context, read the first time they are asked
 /// for; for any other (a callback's, a timer's), read now.
 fn flags(ctx: &Context) -> ContextFlags {

@@ -42,7 +42,12 @@ pub fn guard(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
     metrics::GUARDED.incr();
     let reply = call_as_caller(ctx, inner)
-        .map_err(|_| LockError::internal("the guarded command could not be called"))?;
+        .map_err(|_| LockError::internal("the guarded command could not be called"));
+    // The guarded command is the one thing a LOCK.* command runs that could change the
+    // server's state as the context flags see it (none allowed today can: see
+    // tests/review4.rs); whatever asks after it reads them afresh.
+    crate::host::server::forget_flags();
+    let reply = reply?;
     // The server words an ACL refusal inside RM_Call as a plain ERR; clients look for NOPERM.
     if call::error_text(&reply).is_some_and(|text| contains(&text, b"acl verification failed")) {
         return Err(LockError::GuardNoPerm);
