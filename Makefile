@@ -100,12 +100,20 @@ debug: deps
 
 run: release ## Build, then run redis-server in the foreground with the module on PORT (Ctrl-C stops)
 	@mkdir -p data "$(DATA)"  # redis.conf.example names ./data before --dir overrides it
-	@if command -v redis-cli >/dev/null 2>&1 && redis-cli -p $(PORT) ping >/dev/null 2>&1; then \
+	@free() { if command -v python3 >/dev/null 2>&1; then \
+			python3 -c 'import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1])))' "$$1" 2>/dev/null; \
+		else ! redis-cli -p "$$1" ping >/dev/null 2>&1; fi; }; \
+	if ! free $(PORT); then \
 		next=$$(($(PORT) + 1)); \
-		echo "Port $(PORT) is taken (a system Redis?). Use another port, with a data directory of its own: make run PORT=$$next DATA=data-$$next"; exit 1; fi
+		while ! free $$next && [ $$next -lt $$(($(PORT) + 100)) ]; do next=$$((next + 1)); done; \
+		echo "Port $(PORT) is taken (a system Redis?). Port $$next is free: make run PORT=$$next DATA=data-$$next"; exit 1; fi
+	@conf="$(DATA)/redis.conf"; \
+	if [ ! -f "$$conf" ]; then cp redis.conf.example "$$conf" && \
+		echo "The live config is $$conf, a copy of redis.conf.example (CONFIG REWRITE writes there; delete it to start again from the example)"; fi; \
+	grep -v '^loadmodule .*libredis_lock' "$$conf" > "$$conf.tmp" && \
+	echo 'loadmodule "$(abspath $(RELEASE_MODULE))" $(MODULE_ARGS)' >> "$$conf.tmp" && mv "$$conf.tmp" "$$conf"
 	@echo "Lock module on 127.0.0.1:$(PORT), data in $(DATA). Connect with: redis-cli -p $(PORT)"
-	exec "$(REDIS_SERVER)" redis.conf.example --port $(PORT) --dir "$(abspath $(DATA))" \
-		--loadmodule "$(CURDIR)/$(RELEASE_MODULE)" $(MODULE_ARGS)
+	exec "$(REDIS_SERVER)" "$(DATA)/redis.conf" --port $(PORT) --dir "$(abspath $(DATA))"
 
 test: debug ## Build the debug module, then run unit and integration tests (they spawn REDIS_SERVER) and the clients'
 	$(CARGO) test $(TEST)

@@ -1,0 +1,135 @@
+//! `make run` as a user meets it: its live config is a copy in its data directory, so a
+//! `CONFIG REWRITE` survives a restart and leaves the checkout alone; a busy port gets the name
+//! of one that is free. The module is the debug build (`make -o release` skips the release
+//! build: `cargo test` holds the build directory).
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// `make run` in the repository with `args`, its output piped.
+fn make_run(args: &[String]) -> Command {
+    let mut make = Command::new("make");
+    make.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["--no-print-directory", "-o", "release", "-o", "deps", "run"])
+        .args(args)
+        .arg(format!("RELEASE_MODULE={}", module_path().display()))
+        .arg(format!("REDIS_SERVER={}", redis_server_binary()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    make
+}
+
+/// A server `make run` started (its recipe execs redis-server, so the child is the server).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(port: u16, data: &Path) -> (Running, Conn) {
+    let args = [format!("PORT={port}"), format!("DATA={}", data.display())];
+    let child = make_run(&args).spawn().expect("run make");
+    let running = Running(child);
+    let conn = wait_for("make run's server", || {
+        let mut conn = Conn::connect(port, Duration::from_secs(2)).ok()?;
+        (conn.call(&["PING"]) == Reply::status("PONG")).then_some(conn)
+    });
+    (running, conn)
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+fn example() -> Vec<u8> {
+    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf.example"))
+        .expect("redis.conf.example")
+}
+
+#[test]
+fn a_config_rewrite_under_make_run_survives_a_restart_and_leaves_the_example_alone() {
+    let before = example();
+    let data = tempfile::tempdir().expect("temp dir");
+    let port = free_port();
+    let (mut running, mut conn) = start(port, data.path());
+    assert_eq!(
+        conn.call(&["CONFIG", "SET", "lock.long-hold", "4321"]),
+        Reply::status("OK")
+    );
+    assert_eq!(conn.call(&["CONFIG", "REWRITE"]), Reply::status("OK"));
+    let live = std::fs::read_to_string(data.path().join("redis.conf")).expect("live config");
+    assert!(live.contains("lock.long-hold 4321"), "{live}");
+    assert_eq!(
+        live.lines()
+            .filter(|line| line.starts_with("loadmodule"))
+            .count(),
+        1,
+        "{live}"
+    );
+    assert_eq!(example(), before, "redis.conf.example was modified");
+    // SHUTDOWN answers by closing the connection.
+    conn.try_send(&["SHUTDOWN", "NOSAVE"])
+        .expect("send SHUTDOWN");
+    let _ = conn.try_read();
+    let status = running.0.wait().expect("wait for the server");
+    assert!(status.success(), "make run: {status:?}");
+
+    // Started again from its rewritten config: the module loads once, with the setting.
+    let (_running, mut conn) = start(port, data.path());
+    assert_eq!(
+        conn.call(&["CONFIG", "GET", "lock.long-hold"]),
+        Reply::Array(vec![
+            Reply::Bulk(b"lock.long-hold".to_vec()),
+            Reply::Bulk(b"4321".to_vec())
+        ])
+    );
+    assert!(acquire(&mut conn, "k", "t", 10_000) > 0);
+    assert_eq!(example(), before, "redis.conf.example was modified");
+}
+
+#[test]
+fn a_busy_port_gets_the_name_of_a_free_one() {
+    // Two ports in a row taken: the suggestion skips both.
+    let (first, second) = loop {
+        let first = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = first.local_addr().expect("addr").port();
+        if let Ok(second) = TcpListener::bind(("127.0.0.1", port + 1)) {
+            break (first, second);
+        }
+    };
+    let port = first.local_addr().expect("addr").port();
+    let data = tempfile::tempdir().expect("temp dir");
+    let args = [
+        format!("PORT={port}"),
+        format!("DATA={}", data.path().display()),
+    ];
+    let out = make_run(&args).output().expect("run make");
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let suggested: u16 = text
+        .split("make run PORT=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no suggestion in {text:?}"));
+    assert!(
+        suggested >= port + 2,
+        "suggested busy port {suggested}: {text}"
+    );
+    assert!(
+        TcpListener::bind(("127.0.0.1", suggested)).is_ok(),
+        "suggested port {suggested} is not free"
+    );
+    drop((first, second));
+}
