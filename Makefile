@@ -303,8 +303,8 @@ PORTS ?= 7001 7002 7003 7004 7005 7006
 cluster: release ## Start a local Redis Cluster (3 primaries + 3 replicas) with the module; PORTS=...
 	@PORTS="$(PORTS)" DATA=data/cluster REDIS_SERVER="$(REDIS_SERVER)" .ci/cluster start "$(RELEASE_MODULE)"
 
-cluster-stop: ## Stop the nodes `make cluster` started
-	@PORTS="$(PORTS)" DATA=data/cluster .ci/cluster stop
+cluster-stop: ## Stop the nodes `make cluster` started (all of them, whatever PORTS they were given)
+	@$(if $(filter command line environment,$(origin PORTS)),PORTS="$(PORTS)") DATA=data/cluster .ci/cluster stop
 
 # Redis 7.0.15's own test suite (external-server mode, about 5 minutes) against a redis-server
 # with the release module loaded: loading the module must change nothing in Redis' behaviour.

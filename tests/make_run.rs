@@ -133,3 +133,64 @@ fn a_busy_port_gets_the_name_of_a_free_one() {
     );
     drop((first, second));
 }
+
+/// `make cluster PORTS=...` then `make cluster-stop` without them stops every node it started
+/// (`.ci/cluster stop` finds them by their pid files when PORTS is not set).
+#[test]
+fn cluster_stop_without_ports_stops_the_nodes_started_on_other_ports() {
+    let data = tempfile::tempdir().expect("temp dir");
+    // Three free ports whose cluster bus ports (+10000) are free too.
+    let mut ports = Vec::new();
+    while ports.len() < 3 {
+        let port = free_port();
+        if port < 55_000
+            && !ports.contains(&port)
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            ports.push(port);
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci/cluster");
+    let list = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let started = Command::new(&script)
+        .args(["start", &module_path().display().to_string()])
+        .env("PORTS", &list)
+        .env("DATA", data.path())
+        .env("REDIS_SERVER", redis_server_binary())
+        .output()
+        .expect("run .ci/cluster start");
+    let pids: Vec<String> = ports
+        .iter()
+        .filter_map(|port| {
+            std::fs::read_to_string(data.path().join(port.to_string()).join("redis.pid")).ok()
+        })
+        .map(|pid| pid.trim().to_string())
+        .collect();
+    let alive = |pid: &String| Path::new(&format!("/proc/{pid}")).exists();
+    let stop = || {
+        Command::new(&script)
+            .arg("stop")
+            .env_remove("PORTS")
+            .env("DATA", data.path())
+            .output()
+            .expect("run .ci/cluster stop")
+    };
+    if !started.status.success() {
+        stop();
+        panic!("start: {}", String::from_utf8_lossy(&started.stderr));
+    }
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(alive));
+    let stopped = stop();
+    assert!(
+        String::from_utf8_lossy(&stopped.stdout).contains("stopped 3 node(s)"),
+        "{stopped:?}"
+    );
+    wait_for("the nodes to exit", || {
+        (!pids.iter().any(alive)).then_some(())
+    });
+}
