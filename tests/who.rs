@@ -29,6 +29,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
         Reply::status("OK")
     );
     let (addr, id) = client_addr_and_id(&mut holder);
+    let before = now_ms() as i64;
     let fence = acquire_with(
         &mut holder,
         "orders:42",
@@ -37,6 +38,7 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
         &["SESSION", "LABEL", "host-7:pid-42"],
     )
     .int();
+    let after = now_ms() as i64;
     let mut op = server.conn();
     let raw = op.call(&["LOCK.WHO", "orders:42"]);
     assert!(!format!("{raw:?}").contains(TOKEN), "{raw:?}");
@@ -55,6 +57,10 @@ fn who_names_the_holder_by_client_and_label_and_never_the_token() {
     assert_eq!(h["mode"].text(), "exclusive");
     assert_eq!(h["fence"], Reply::Int(fence));
     assert!((0..5_000).contains(&h["held_ms"].int()), "{h:?}");
+    // Since when, in unix ms: the grant's time, which held_ms counts from.
+    let granted_at = h["granted_at"].int();
+    assert!((before..=after).contains(&granted_at), "{h:?}");
+    assert!(granted_at + h["held_ms"].int() <= now_ms() as i64, "{h:?}");
     assert!((55_000..=60_000).contains(&h["ttl"].int()), "{h:?}");
     assert_eq!(h["holds"], Reply::Int(1));
     assert_eq!(h["session"], Reply::Int(1));
@@ -392,6 +398,7 @@ fn who_holds_survives_debug_reload_restart_and_restore_and_an_older_encoding_loa
     assert_eq!(restore(&mut c, "old", &old), Reply::status("OK"));
     let h = entries(&who(&mut c, &["old"]), "holders").remove(0);
     assert_eq!(h["held_ms"], Reply::Int(-1));
+    assert_eq!(h["granted_at"], Reply::Int(-1));
     assert_eq!(h["client_id"], Reply::Int(0));
     assert_eq!(h["client_addr"].text(), "");
     assert_eq!(h["label"].text(), "");
@@ -433,6 +440,10 @@ fn a_long_hold_is_counted_announced_once_and_logged_with_how_it_ended() {
     assert_eq!(entry["client_addr"].text(), addr);
     assert_eq!(entry["ended"].text(), "held");
     assert!(entry["held_ms"].int() >= 300);
+    // The same grant time LOCK.WHO shows for the hold.
+    let holder = entries(&who(&mut c, &["slow"]), "holders").remove(0);
+    assert_eq!(entry["granted_at"], holder["granted_at"]);
+    assert!(entry["granted_at"].int() > 0);
     let now_s = (now_ms() / 1000) as i64;
     assert!(
         (now_s - 5..=now_s).contains(&entry["time"].int()),

@@ -236,6 +236,10 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     "held_ms",
                     Nested::int(entry.held_ms.unwrap_or(now.saturating_sub(entry.since))),
                 ),
+                (
+                    "granted_at",
+                    Nested::int(super::who::granted_at(entry.since)),
+                ),
                 ("fence", Nested::int(entry.fence)),
                 ("label", Nested::bulk(&entry.label)),
                 ("client_id", Nested::int(entry.client)),

@@ -29,6 +29,16 @@ fn connected(ctx: &Context, grant: &Grant) -> i64 {
     i64::from(is_connected_at(grant.client, grant.addr()))
 }
 
+/// When a hold was granted, in unix ms, for an operator asking "since when" beside `held_ms`;
+/// -1 when not known (a hold stored by a release before 0.2.0).
+pub fn granted_at(since: u64) -> i64 {
+    if since == 0 {
+        -1
+    } else {
+        i64::try_from(since).unwrap_or(i64::MAX)
+    }
+}
+
 /// One holder's entry.
 fn holder_entry(
     ctx: &Context,
@@ -47,6 +57,7 @@ fn holder_entry(
         ("mode", Nested::word(mode)),
         ("fence", Nested::int(fence_reply(fence))),
         ("held_ms", Nested::int(held)),
+        ("granted_at", Nested::int(granted_at(grant.since))),
         ("ttl", Nested::int(holder.deadline.saturating_sub(now))),
         ("holds", Nested::int(holder.holds)),
         ("session", Nested::int(holder.session)),
