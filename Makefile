@@ -205,6 +205,33 @@ bench-budget: release ## The hot path's budget (bench/budget): fails when a rati
 bench-peers: ## The module, alone and with a replica, against etcd and ZooKeeper (bench/results.md)
 	REDIS_SERVER="$(REDIS_SERVER)" python3 bench/peers/peers.py
 
+# The module against PostgreSQL's session-level advisory locks (bench/peers_pg.rs), driven from
+# Rust threads, one connection each: 16 and 64 workers taking turns on one lock (critical
+# sections per second, handoff p50 / p99, fairness), then 1,000 and 4,096 waiters queued on one
+# held lock (memory per waiter, the time to drain the queue). redis-server with the release
+# module and a private PostgreSQL cluster (initdb into a temporary directory, run as the postgres
+# user when root, on loopback, stopped at the end; the system service is never used). Installs
+# postgresql with apt-get when missing (root on Debian) and stops the service the install
+# starts. Its own section of bench/results.md; about 5 minutes; BENCH_QUICK=1: under a minute,
+# into target/bench/peers-pg.md. Not in CI.
+.PHONY: bench-peers-pg
+bench-peers-pg: release ## The module against PostgreSQL advisory locks: contention, 4,096 waiters (bench/results.md)
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 \
+		|| [ -n "$(PG_BIN)" ] || { \
+		if [ -f /etc/debian_version ] && [ "$$(id -u)" = 0 ]; then \
+			was_up=no; pgrep -x postgres >/dev/null && was_up=yes; \
+			echo "bench-peers-pg: apt-get install -y postgresql"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			{ apt-get install -y postgresql >/dev/null \
+				|| { apt-get update >/dev/null && apt-get install -y postgresql >/dev/null; }; } || exit 1; \
+			if [ $$was_up = no ] && pgrep -x postgres >/dev/null; then \
+				echo "bench-peers-pg: stopping the postgresql service the install started"; \
+				if [ -d /run/systemd/system ]; then systemctl stop postgresql; \
+				else service postgresql stop; fi; \
+			fi; \
+		else echo "bench-peers-pg: needs PostgreSQL (initdb, postgres); install it or set PG_BIN"; exit 1; fi; }
+	LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" $(CARGO) run --release --example peers-pg
+
 # The single-command section of the bench on every server of the matrix (REDIS_SERVER, then
 # MATRIX, installed by .ci/server), each against its own baselines: SET NX PX, the Lua scripts,
 # and on Valkey 9 also DELIFEQ and SET IFEQ. One table per server in bench/servers.md (a few

@@ -57,13 +57,21 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
-/// The section bench/peers/peers.py writes into bench/results.md, markers included.
-fn peers_section(results: &str) -> Option<&str> {
-    const BEGIN: &str = "<!-- bench-peers: begin";
-    const END: &str = "<!-- bench-peers: end -->";
-    let start = results.find(BEGIN)?;
-    let end = start + results[start..].find(END)? + END.len();
-    Some(&results[start..end])
+/// The sections other benches keep in bench/results.md, markers included: bench/peers/peers.py's
+/// (`make bench-peers`) and bench/peers_pg.rs's (`make bench-peers-pg`).
+fn kept_sections(results: &str) -> Vec<&str> {
+    const MARKERS: [(&str, &str); 2] = [
+        ("<!-- bench-peers: begin", "<!-- bench-peers: end -->"),
+        ("<!-- bench-peers-pg: begin", "<!-- bench-peers-pg: end -->"),
+    ];
+    MARKERS
+        .iter()
+        .filter_map(|(begin, end)| {
+            let start = results.find(begin)?;
+            let stop = start + results[start..].find(end)? + end.len();
+            Some(&results[start..stop])
+        })
+        .collect()
 }
 
 fn main() {
@@ -185,12 +193,13 @@ fn main() {
     } else {
         root.join("bench/results.md")
     };
-    // The comparison with etcd and ZooKeeper (`make bench-peers`) has its own section in the
-    // same file; a run of this bench carries it over.
+    // The comparisons with etcd and ZooKeeper (`make bench-peers`) and with PostgreSQL (`make
+    // bench-peers-pg`) have their own sections in the same file; a run of this bench carries them
+    // over.
     let previous = std::fs::read_to_string(&results).unwrap_or_default();
-    if let Some(peers) = peers_section(&previous) {
+    for kept in kept_sections(&previous) {
         report.push('\n');
-        report.push_str(peers);
+        report.push_str(kept);
         report.push('\n');
     }
     std::fs::write(&results, &report).expect("write results");
