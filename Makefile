@@ -263,7 +263,7 @@ soak: release ## The soak test: SOAK_MINUTES (default 30) of mixed load with a r
 	SOAK_MINUTES=$(SOAK_MINUTES) LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" \
 		$(CARGO) test --release --test soak -- --ignored --nocapture
 
-soak-ci: ## The soak test at CI scale (about 2 minutes)
+soak-ci: ## The soak test at CI scale: 1.5 minutes of load (SOAK_MINUTES=1.5), about 2 in all
 	@$(MAKE) --no-print-directory soak SOAK_MINUTES=1.5
 
 # The Prometheus integration (contrib/prometheus/) with the real components, by
