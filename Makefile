@@ -52,7 +52,9 @@ help: ## Show this list (the default target)
 	@echo "Usage: make <target> [PORT=6379] [DATA=data] [MODULE_ARGS=\"max-ttl 60000\"] [TEST=filter]"
 	@echo "                     [REDIS_SERVER=/path/to/redis-server]"
 	@echo
-	@awk -F ':.*## ' '/^[a-z][a-zA-Z_-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk -F ':.*## ' '/^[a-z][a-zA-Z0-9_-]*:.*## / { name[++n] = $$1; text[n] = $$2; \
+		if (length($$1) > width) width = length($$1) } \
+		END { for (i = 1; i <= n; i++) printf "  %-" width "s  %s\n", name[i], text[i] }' $(MAKEFILE_LIST)
 	@echo
 	@echo "Environment: REDIS_SERVER (the server for run, test and test-matrix's first pass;"
 	@echo "default redis-server from PATH), LOCK_MODULE (module the tests load, default"
@@ -288,7 +290,7 @@ soak: release ## The soak test: SOAK_MINUTES (default 30) of mixed load with a r
 	SOAK_MINUTES=$(SOAK_MINUTES) LOCK_MODULE="$(CURDIR)/$(RELEASE_MODULE)" \
 		$(CARGO) test --release --test soak -- --ignored --nocapture
 
-soak-ci: ## The soak test at CI scale (about 2 minutes)
+soak-ci: ## The soak test at CI scale: 1.5 minutes of load (SOAK_MINUTES=1.5), about 2 in all
 	@$(MAKE) --no-print-directory soak SOAK_MINUTES=1.5
 
 # The Prometheus integration (contrib/prometheus/) with the real components, by

@@ -1,5 +1,5 @@
 //! The soak test: a steady mixed load on one primary with a replica, AOF on both, for
-//! `SOAK_MINUTES` (default 30; `make soak`, and `make soak-ci` at about 2 minutes in CI).
+//! `SOAK_MINUTES` (default 30; `make soak`, and `make soak-ci` with 1.5 in CI).
 //!
 //! The load covers the command surface: exclusive, shared and permit acquires with and without
 //! WAIT, SESSION, REENTRANT, LOCKDELAY and SYNC (with the replica sometimes held back), renewals,
