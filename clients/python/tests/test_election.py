@@ -155,6 +155,35 @@ class Elections(unittest.TestCase):
         self.assertEqual(watcher.next(), Leader("heir", term_2, successor.leader().client_id))
         successor.resign()
 
+    def test_the_lock_key_is_the_name_and_a_refused_guarded_raises_lock_lost(self):
+        """README: the lock key is the election's name; guarded() raises LockLost, and the
+        command does not run, when not leading and when a newer term exists."""
+        name = fresh_name()
+        election = self.election(name)
+        written = f"{name}:written"
+        with self.assertRaises(LockLost):
+            election.guarded("SET", written, "before campaigning")
+        term = election.campaign("host-a")
+        def as_map(reply):
+            return reply if isinstance(reply, dict) else dict(zip(reply[::2], reply[1::2]))
+
+        holder = as_map(as_map(self.server.admin.execute_command("LOCK.WHO", name))[b"holders"][0])
+        self.assertEqual(holder[b"label"], b"host-a")
+        self.assertEqual(holder[b"fence"], term)
+        self.assertEqual(self.server.state(name), "held")
+        self.assertEqual(election.guarded("SET", written, "term-1"), b"OK")
+        # An operator ends the term and another candidate leads: the old leader is refused.
+        self.assertEqual(self.server.admin.execute_command("LOCK.FORCERELEASE", name), 1)
+        successor = self.election(name)
+        self.assertGreater(successor.campaign("host-b"), term)
+        with self.assertRaises(LockLost):
+            election.guarded("SET", written, "stale")
+        self.assertEqual(self.server.admin.get(written), b"term-1")
+        self.assertTrue(successor.resign())
+        with self.assertRaises(LockLost):
+            successor.guarded("SET", written, "after resigning")
+        self.assertEqual(self.server.admin.get(written), b"term-1")
+
     def test_a_paused_leader_is_deposed_and_its_writes_are_refused(self):
         name, ttl_ms = fresh_name(), 500
         first = Candidate(self.server.port, name, ttl_ms, "sleepy")

@@ -12,7 +12,7 @@ import uuid
 import redis
 
 from harness import Server
-from redis_lock_client import LockNotAcquired, Redlock, RedlockNoFence
+from redis_lock_client import LockError, LockNotAcquired, Redlock, RedlockNoFence
 
 
 def fresh_key() -> str:
@@ -88,6 +88,61 @@ class FiveServers(unittest.TestCase):
             self.redlock(key).acquire()
         # The minority's grants were given back.
         self.assertEqual(self.states(key)[3:], ["free", "free"])
+
+    def test_no_majority_raises_lock_not_acquired_after_one_plus_retries_rounds(self) -> None:
+        """README: 1 + retries rounds, a pause of 0 to retry_delay_ms between them, then
+        LockNotAcquired "<key>: no majority (3 of 5) within the lease"."""
+        key = fresh_key()
+        holder = self.redlock(key)
+        holder.acquire()
+        before = [s.calls("lock.acquire") for s in self.servers]
+        late = Redlock(self.clients, key, 2000, server_timeout_ms=200, retries=2,
+                       retry_delay_ms=100)
+        self.addCleanup(late.close)
+        started = time.monotonic()
+        with self.assertRaises(LockNotAcquired) as refused:
+            late.acquire()
+        elapsed = time.monotonic() - started
+        self.assertEqual(str(refused.exception), f"{key}: no majority (3 of 5) within the lease")
+        self.assertEqual(refused.exception.key, key)
+        self.assertEqual([s.calls("lock.acquire") - b for s, b in zip(self.servers, before)],
+                         [3] * 5)
+        # Two pauses of at most 100 ms, and three rounds of at most 200 ms each.
+        self.assertLess(elapsed, 2 * 0.1 + 3 * 0.2 + 0.5)
+        self.assertFalse(late.held)
+        self.assertEqual(late.validity_ms, 0.0)
+        self.assertEqual(late.fences, {})
+        with self.assertRaises(LockError):
+            holder.acquire()  # already held by this Redlock
+        holder.release()
+
+    def test_fences_and_validity_ms_are_what_the_readme_says(self) -> None:
+        key, ttl_ms = fresh_key(), 2000
+        for server in self.servers[:2]:
+            server.process.kill()
+            server.process.wait(timeout=10)
+        lock = self.redlock(key, ttl_ms)
+        self.assertEqual(lock.fences, {})
+        self.assertEqual(lock.validity_ms, 0.0)
+        self.assertEqual(lock.release(), 0)
+        fences = lock.acquire()
+        self.assertEqual(lock.fences, fences)
+        self.assertEqual(sorted(fences), [2, 3, 4])
+        for index, fence in fences.items():
+            self.assertIsInstance(fence, int)
+            self.assertEqual(self.servers[index].lock_info(key)["fence"], fence)
+        lock.fences.clear()  # a copy
+        self.assertEqual(lock.fences, fences)
+        validity = lock.validity_ms
+        self.assertIsInstance(validity, float)
+        self.assertLessEqual(validity, ttl_ms - (ttl_ms * 0.01 + 2))
+        self.assertGreater(validity, 0)
+        self.assertTrue(lock.held)
+        self.assertEqual(lock.release(), 3)
+        self.assertEqual(lock.fences, {})
+        self.assertEqual(lock.validity_ms, 0.0)
+        self.assertFalse(lock.held)
+        self.assertEqual(lock.release(), 0)
 
     def test_a_paused_holder_and_a_new_one_both_hold_the_documented_unsafety(self) -> None:
         key, ttl_ms = fresh_key(), 400
