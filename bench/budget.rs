@@ -446,6 +446,9 @@ fn main() {
             eprintln!("bench-budget: cannot write {path}: {e}");
         }
     }
+    // Stops the server now: process::exit below would skip its guard.
+    drop(conn);
+    drop(counted);
     progress(started, "done");
     if !failed.is_empty() {
         eprintln!(

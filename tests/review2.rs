@@ -95,8 +95,8 @@ fn session_readers(owner: &mut Conn, key: &str, n: usize, ttl: u64) {
 /// SESSION holds of one key ends them in one pass (`change::end_sessions` ->
 /// `Lock::end_member_sessions`, one `r` effect naming 10,000 digests, 10,000 notifications),
 /// without looking at the clock inside the key: a PING waited about 34 ms. Now a step ends at most
-/// 512 of them, fewer when a step overruns the slice (the batch expiry of the same 10,000
-/// holders, in slices of 512: about 5 ms, tests/complexity.rs).
+/// 512 of them (the batch expiry of the same 10,000 holders, in slices of 512: about 5 ms,
+/// tests/complexity.rs).
 #[test]
 fn closing_a_connection_with_many_session_holds_of_one_key_yields_at_the_slice() {
     let _alone = heavy();

@@ -3,7 +3,6 @@
 //! event-loop turn.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -77,26 +76,8 @@ fn next_job() -> Option<Job> {
     pending().jobs.pop()
 }
 
-/// How many holds of one key a step of [`end_sessions`] ends: at most `change::HOLDS_PER_STEP`,
-/// halved after a step that took longer than the slice and doubled after one that took less than
-/// a quarter of it, so that one step fits the slice on any machine and build (512 holds of one
-/// key took 20 ms in a debug build on a busy 2-core machine: a PING waited that long).
-static SESSION_STEP: AtomicUsize = AtomicUsize::new(SESSION_STEP_MIN * 4);
-const SESSION_STEP_MIN: usize = 16;
-
-/// The step size after one of `size` holds that took `took`.
-fn next_step(size: usize, took: Duration) -> usize {
-    if took > SLICE {
-        (size / 2).max(SESSION_STEP_MIN)
-    } else if took < SLICE / 4 {
-        (size * 2).min(change::HOLDS_PER_STEP)
-    } else {
-        size
-    }
-}
-
-/// Releases the session locks of closed connections, a key and at most [`SESSION_STEP`] holds
-/// at a time, until the slice that began at `started` is used up.
+/// Releases the session locks of closed connections, a key and at most
+/// `change::HOLDS_PER_STEP` holds at a time, until the slice that began at `started` is used up.
 fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     loop {
         let next = {
@@ -116,20 +97,14 @@ fn end_sessions(ctx: &Context, now: u64, started: Instant) {
             }
         };
         if let Some((client, (db, key))) = next {
-            let step = SESSION_STEP.load(Ordering::Relaxed);
-            let began = Instant::now();
-            let taken = sessions::take_closed(client, &(db, key.clone()), step);
-            if taken.len() < step {
+            let taken = sessions::take_closed(client, &(db, key.clone()), change::HOLDS_PER_STEP);
+            if taken.len() < change::HOLDS_PER_STEP {
                 if let Some(closed) = locked(&ENDING).front_mut() {
                     closed.keys.pop_front();
                 }
             }
             if !taken.is_empty() && select_db(ctx, db) {
                 change::end_sessions(ctx, &key_string(ctx, &key), &taken, now);
-            }
-            // Only a full step says how long a step of this size takes.
-            if taken.len() == step {
-                SESSION_STEP.store(next_step(step, began.elapsed()), Ordering::Relaxed);
             }
         }
         if started.elapsed() >= SLICE {
@@ -195,20 +170,5 @@ fn run(ctx: &Context) {
     }
     if !p.jobs.is_empty() && !p.armed {
         p.armed = timer::create(ctx, 0, run).is_some();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_that_overruns_the_slice_halves_and_a_quick_one_doubles_within_bounds() {
-        let full = change::HOLDS_PER_STEP;
-        assert_eq!(next_step(full, SLICE * 10), full / 2);
-        assert_eq!(next_step(SESSION_STEP_MIN, SLICE * 10), SESSION_STEP_MIN);
-        assert_eq!(next_step(64, SLICE / 10), 128);
-        assert_eq!(next_step(full, SLICE / 10), full);
-        assert_eq!(next_step(100, SLICE / 2), 100);
     }
 }
