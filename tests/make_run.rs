@@ -26,11 +26,17 @@ fn make_run(args: &[String]) -> Command {
     make
 }
 
-/// A server `make run` started (its recipe execs redis-server, so the child is the server).
-struct Running(Child);
+/// A server `make run` started, and its port. The child is make: its recipe's shell execs
+/// redis-server, whose parent make is, so killing make alone would leave the server running.
+struct Running(Child, u16);
 
 impl Drop for Running {
     fn drop(&mut self) {
+        if let Ok(mut conn) = Conn::connect(self.1, Duration::from_secs(2)) {
+            // SHUTDOWN answers by closing the connection.
+            let _ = conn.try_send(&["SHUTDOWN", "NOSAVE"]);
+            let _ = conn.try_read();
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -39,7 +45,7 @@ impl Drop for Running {
 fn start(port: u16, data: &Path) -> (Running, Conn) {
     let args = [format!("PORT={port}"), format!("DATA={}", data.display())];
     let child = make_run(&args).spawn().expect("run make");
-    let running = Running(child);
+    let running = Running(child, port);
     let conn = wait_for("make run's server", || {
         let mut conn = Conn::connect(port, Duration::from_secs(2)).ok()?;
         (conn.call(&["PING"]) == Reply::status("PONG")).then_some(conn)
