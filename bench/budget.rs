@@ -140,14 +140,14 @@ fn attribute(dump: &Path, parts: &[(&'static str, &'static str)]) -> Vec<(&'stat
     parts
         .iter()
         .map(|(label, function)| {
-            // A function inlined into others is listed once per source file it spans: its
-            // largest line is the function itself.
+            // A line is `count (share)  file:function [object]`; a function inlined into
+            // others is listed once per source file it spans: its largest line is the
+            // function itself.
             let count = text
                 .lines()
                 .filter(|line| {
                     line.split_once(':')
                         .is_some_and(|(_, name)| name.split(' ').next() == Some(function))
-                        || line.contains(&format!(":{function} "))
                 })
                 .filter_map(|line| line.split_whitespace().next())
                 .filter_map(|n| n.replace(',', "").parse::<u64>().ok())
