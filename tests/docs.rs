@@ -154,3 +154,35 @@ fn readme_development_table_has_a_row_for_every_target_of_make_help() {
         "in README.md's table, not in make help: {unknown:?}"
     );
 }
+
+/// CHANGELOG.md's newest entry is the version Cargo.toml builds (`## 0.2.0 (date)` first), its
+/// entries run newest first, and each says what an upgrade to it needs.
+#[test]
+fn changelog_starts_with_this_version_and_says_what_each_upgrade_needs() {
+    let changelog = repo_file("CHANGELOG.md");
+    let releases: Vec<(&str, &str)> = changelog
+        .split("\n## ")
+        .skip(1)
+        .map(|entry| entry.split_once(' ').unwrap_or((entry, "")))
+        .collect();
+    let versions: Vec<&str> = releases.iter().map(|(version, _)| *version).collect();
+    assert_eq!(
+        versions.first(),
+        Some(&env!("CARGO_PKG_VERSION")),
+        "CHANGELOG.md's newest entry should be Cargo.toml's version: {versions:?}"
+    );
+    let numbers: Vec<Vec<u64>> = versions
+        .iter()
+        .map(|v| v.split('.').map(|p| p.parse().unwrap()).collect())
+        .collect();
+    assert!(
+        numbers.windows(2).all(|pair| pair[0] > pair[1]),
+        "CHANGELOG.md's entries should run newest first: {versions:?}"
+    );
+    for (version, entry) in releases {
+        assert!(
+            entry.starts_with('(') && entry.contains("### Upgrading"),
+            "CHANGELOG.md's {version} entry should give its date and an Upgrading part"
+        );
+    }
+}
