@@ -8,6 +8,9 @@
 //!   counts the same instructions on every run whatever else the machine does (`usec_per_call`
 //!   swung by 10 to 15% from run to run on a 2-core VM: too much to see a 15% regression). The
 //!   ratio is baseline / module, so above 1 the module does less;
+//! - the same ACQUIREs with `lock.long-hold` set (every grant gets a long-hold crossing) against
+//!   it off: what a configured feature costs a lock nobody asks about (off / on, so 1 is
+//!   nothing);
 //! - used_memory per held lock against a `SET key token PX ttl` string (module / baseline, so
 //!   below 1 the lock costs less).
 //!
@@ -30,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use common::{Conn, Server};
+use common::{Conn, Reply, Server};
 use util::{load_script, lua, median, preload, progress, redis_benchmark, Pinning};
 
 /// Measured rounds of every pair (module first every other round); the counts repeat within
@@ -366,6 +369,39 @@ fn main() {
         );
         ratios.push((name, ratio, median(&costs.0), median(&costs.1)));
     }
+
+    // A feature configured on against off: fresh-key ACQUIREs with lock.long-hold 300000 (every
+    // grant now has a long-hold crossing, before its lease ends) against lock.long-hold 0. The
+    // ratio is off / on, so 1 says the feature costs a grant nothing.
+    let mut per_round = Vec::with_capacity(ROUNDS);
+    let mut costs = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+    for round in 0..ROUNDS {
+        let mut run = |conn: &mut Conn, on: bool| -> f64 {
+            util::flushall(conn);
+            let long_hold = if on { "300000" } else { "0" };
+            let set = conn.call(&["CONFIG", "SET", "lock.long-hold", long_hold]);
+            assert_eq!(
+                set,
+                Reply::status("OK"),
+                "CONFIG SET lock.long-hold {long_hold}"
+            );
+            preload(conn, &strings_sha, "x:", FILLER, 20_000, tail);
+            let command = ["LOCK.ACQUIRE", "l:__rand_int__", TOKEN, TTL];
+            let counts = counted.instructions(|server| {
+                redis_benchmark(server, 50, REQUESTS, 16, 100_000_000, &command);
+            });
+            counts.instructions as f64 / REQUESTS as f64
+        };
+        let (off, on) = util::pair(round % 2 == 1, |on| run(&mut conn, on));
+        per_round.push(off / on);
+        costs.0.push(on);
+        costs.1.push(off);
+    }
+    let set = conn.call(&["CONFIG", "SET", "lock.long-hold", "0"]);
+    assert_eq!(set, Reply::status("OK"), "CONFIG SET lock.long-hold 0");
+    let long_hold = median(&per_round);
+    progress(started, &format!("long-hold: {long_hold:.3}x"));
+    ratios.push(("long-hold", long_hold, median(&costs.0), median(&costs.1)));
 
     // Memory: bytes per held lock against bytes per SET PX string, median of the rounds.
     let mut per_round = Vec::with_capacity(ROUNDS);
