@@ -1,7 +1,7 @@
 //! The docs against the Makefile: `make help` prints every target that has a `## text` comment
 //! whole, with the texts in one column, and README.md's Development table has a row for each of
-//! them (and none for a target that is gone). Runs `make --no-print-directory help` only: it
-//! builds nothing and writes no file.
+//! them (and none for a target that is gone); CHANGELOG.md starts with the version Cargo.toml
+//! builds. Runs `make --no-print-directory help` only: it builds nothing and writes no file.
 
 use std::collections::BTreeSet;
 use std::io::Read;
