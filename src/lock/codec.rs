@@ -15,6 +15,8 @@
 //!   token's digest. The change of one shared or permit holder travels alone, whatever the
 //!   number of holders: `event:fence:floor:e:limit:now`, then that member's state and token's
 //!   digest (it holds so now) or the digest alone (it is gone); see `Lock::apply_member`.
+//!   An exclusive holder's renewal travels as its new deadline alone:
+//!   `renew:fence:floor:n:deadline` (this release; see `Lock::apply_renewal`).
 //!
 //! Files and streams of older releases carry the token itself: a holder's flags word says
 //! which (`FLAG_DIGEST`), and so does the member change's marker (`d`: a token, `e`: a
@@ -382,10 +384,9 @@ impl State {
         }
     }
 
-    pub fn of(event: Event, lock: &Lock) -> State {
+    /// `event:fence:floor`, the head of every state.
+    fn head(event: Event, lock: &Lock) -> State {
         let mut state = State::empty();
-        // At most 12 + 8 * 21 bytes (event, fence, floor, then the holder: deadline,
-        // holds, flags, delay, grant time, client id), then 1 + 16 + INLINE_WHO: always fits.
         state.push(event.word().to_bytes());
         state.number(lock.fence);
         let floor = floor::get().max(lock.fence);
@@ -394,6 +395,13 @@ impl State {
         } else {
             state.number(floor);
         }
+        state
+    }
+
+    pub fn of(event: Event, lock: &Lock) -> State {
+        // At most 12 + 8 * 21 bytes (event, fence, floor, then the holder: deadline,
+        // holds, flags, delay, grant time, client id), then 1 + 16 + INLINE_WHO: always fits.
+        let mut state = State::head(event, lock);
         if let Some(group) = lock.group.as_deref() {
             state.push(b":g");
             state.number(u64::from(group.limit));
@@ -416,6 +424,17 @@ impl State {
             None if lock.delayed_until > 0 => state.number(lock.delayed_until),
             None => {}
         }
+        state
+    }
+
+    /// The state of an exclusive holder's renewal: `renew:fence:floor:n:deadline`, its new
+    /// deadline alone (see [`parse_renewal`]). Every other field of the holder is as the
+    /// effect of its grant left it, on the primary and on every replica.
+    pub fn renewal(lock: &Lock, deadline: u64) -> State {
+        let mut state = State::head(Event::Renew, lock);
+        state.push(b":");
+        state.push(RENEWAL);
+        state.number(deadline);
         state
     }
 
@@ -562,6 +581,51 @@ pub fn removals_effect_args(
     std::iter::once(state.as_bytes().to_vec())
         .chain(tokens.iter().map(|t| t.as_bytes().to_vec()))
         .collect()
+}
+
+/// The marker (fourth field) of a renewal's state (see [`State::renewal`]).
+const RENEWAL: &[u8] = b"n";
+
+/// A decoded `LOCK.APPLY` of an exclusive holder's renewal.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Renewal {
+    /// The fence of the grant renewed: the lock's, as its exclusive holder's always is.
+    pub fence: u64,
+    pub floor: u64,
+    pub deadline: u64,
+}
+
+/// Parses the arguments of `LOCK.APPLY` after the key when they carry a renewal; `None` for
+/// every other effect.
+pub fn parse_renewal(args: &[&[u8]]) -> Option<Result<Renewal, LockError>> {
+    let [state, rest @ ..] = args else {
+        return None;
+    };
+    if state.split(|b| *b == b':').nth(3) != Some(RENEWAL) {
+        return None;
+    }
+    Some(renewal(state, rest))
+}
+
+fn renewal(state: &[u8], rest: &[&[u8]]) -> Result<Renewal, LockError> {
+    if !rest.is_empty() {
+        return Err(LockError::WrongArity);
+    }
+    let mut fields = state.split(|b| *b == b':');
+    let (event, fence, floor) = effect_head(&mut fields)?;
+    if event != Event::Renew {
+        return Err(LockError::BadEffect("a renewal's event"));
+    }
+    fields.next();
+    let deadline = number(fields.next(), "deadline")?;
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    Ok(Renewal {
+        fence,
+        floor,
+        deadline,
+    })
 }
 
 /// A decoded `LOCK.APPLY` of one shared or permit holder's change.
@@ -1216,6 +1280,55 @@ mod tests {
             }),
             group: None,
             delayed_until: 0,
+        }
+    }
+
+    #[test]
+    fn a_renewal_travels_as_its_new_deadline_alone() {
+        let lock = held_by(b"127.0.0.1:51234 worker-7 payments", 5_000);
+        let state = State::renewal(&lock, 1_764_000_090_000);
+        let floor = floor::get().max(77);
+        let floor_field = if floor == 77 {
+            String::new()
+        } else {
+            floor.to_string()
+        };
+        let expected = format!("renew:77:{floor_field}:n:1764000090000");
+        assert_eq!(state.as_bytes(), expected.as_bytes());
+        let args = [state.as_bytes()];
+        assert_eq!(
+            parse_renewal(&args),
+            Some(Ok(Renewal {
+                fence: 77,
+                floor,
+                deadline: 1_764_000_090_000,
+            }))
+        );
+        // Not a member change, and not a whole state.
+        assert!(parse_member_effect(&args).is_none());
+        assert!(parse_effect(&args).is_err());
+        // Every other effect is not a renewal.
+        let whole = effect_args(Event::Renew, &lock);
+        let whole: Vec<&[u8]> = whole.iter().map(Vec::as_slice).collect();
+        assert!(parse_renewal(&whole).is_none());
+        // A renewal with anything else is refused.
+        for (bad, error) in [
+            (&[&b"renew:77::n:5"[..], b"x"][..], LockError::WrongArity),
+            (
+                &[&b"acquire:77::n:5"[..]][..],
+                LockError::BadEffect("a renewal's event"),
+            ),
+            (
+                &[&b"renew:77::n:5:6"[..]][..],
+                LockError::BadEffect("extra fields"),
+            ),
+            (
+                &[&b"renew:77::n:"[..]][..],
+                LockError::BadEffect("deadline"),
+            ),
+            (&[&b"renew:77::n"[..]][..], LockError::BadEffect("deadline")),
+        ] {
+            assert_eq!(parse_renewal(bad), Some(Err(error)), "{bad:?}");
         }
     }
 

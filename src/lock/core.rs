@@ -796,6 +796,19 @@ impl Lock {
         current
     }
 
+    /// Applies a replicated renewal (see `codec::State::renewal`): the exclusive holder, whose
+    /// grant has `fence`, now holds until `deadline`. Refused, changing nothing, when this lock
+    /// has no exclusive holder of that grant: it is not the lock the primary renewed.
+    pub fn apply_renewal(&mut self, fence: u64, deadline: u64) -> Result<(), &'static str> {
+        match self.holder.as_mut() {
+            Some(holder) if self.fence == fence && self.group.is_none() => {
+                holder.deadline = deadline;
+                Ok(())
+            }
+            _ => Err("renewal of a grant this lock does not have"),
+        }
+    }
+
     /// The live hold of `token` with the grant `fence`, if it still has it at `now`.
     pub fn grant_of(&self, token: &TokenDigest, fence: u64, now: u64) -> Option<&Holder> {
         self.live_holders(now)
@@ -1092,6 +1105,31 @@ pub(crate) mod tests {
         holder.holds = 2;
         assert_eq!(lock.release(&dg(b"a"), T0), Some(false));
         assert!(lock.revoke(&dg(b"a"), fence, T0));
+    }
+
+    #[test]
+    fn a_renewal_applies_to_the_exclusive_grant_it_names_and_to_nothing_else() {
+        let mut lock = Lock::default();
+        let fence = granted(lock.grant(&request(b"a", 1000, false, 0), 0, T0));
+        assert_eq!(lock.apply_renewal(fence, T0 + 9000), Ok(()));
+        assert_eq!(lock.holder.as_ref().map(|h| h.deadline), Some(T0 + 9000));
+        // Another grant's fence, a free lock, shared holders: refused, nothing changed.
+        let before = lock.clone();
+        assert!(lock.apply_renewal(fence + 1, T0 + 20_000).is_err());
+        assert!(lock.apply_renewal(fence - 1, T0 + 20_000).is_err());
+        assert_eq!(lock, before);
+        let mut free = Lock::default();
+        assert!(free.apply_renewal(0, T0 + 20_000).is_err());
+        assert_eq!(free, Lock::default());
+        let mut shared = Lock::default();
+        let reader = Request {
+            mode: Mode::Shared,
+            ..request(b"r", 1000, false, 0)
+        };
+        let fence = granted(shared.grant(&reader, 0, T0));
+        let before = shared.clone();
+        assert!(shared.apply_renewal(fence, T0 + 20_000).is_err());
+        assert_eq!(shared, before);
     }
 
     pub(crate) fn request(token: &[u8], ttl: u64, session: bool, delay: u64) -> Request<'static> {

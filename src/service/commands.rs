@@ -12,7 +12,7 @@ use crate::host::server::{
     caller_id, client_id, is_loading, is_primary, is_replayed, may_block, now_ms, parse_integer,
     persistence, Connection,
 };
-use crate::lock::codec::{self, MemberEffect};
+use crate::lock::codec::{self, MemberEffect, Renewal};
 use crate::lock::core::{self, Acquire, Grant, Lock, MemberChange, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
@@ -471,6 +471,19 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let raw_args: Vec<&[u8]> = rest.iter().map(RedisString::as_slice).collect();
     if let Some(effect) = codec::parse_member_effect(&raw_args) {
         return apply_member(ctx, key_name, effect?);
+    }
+    if let Some(renewal) = codec::parse_renewal(&raw_args) {
+        let Renewal {
+            fence,
+            floor,
+            deadline,
+        } = renewal?;
+        effects::note_floor(floor, fence);
+        let key = ctx.open_key_writable(key_name);
+        return applied(ctx, &key, key_name, Event::Renew, 1, |lock| {
+            lock.apply_renewal(fence, deadline)
+                .map_err(LockError::BadEffect)
+        });
     }
     let effect = codec::parse_effect(&raw_args)?;
     effects::note_floor(effect.floor, effect.lock.fence);

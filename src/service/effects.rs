@@ -2,7 +2,9 @@
 //!
 //! Every change of a lock is sent to replicas and the AOF as `LOCK.APPLY key state [token]`
 //! (see `lock::codec`): the whole resulting state with absolute values, so applying it never
-//! depends on the replica's clock or configs. The same code announces the change locally:
+//! depends on the replica's clock or configs. Two kinds of change travel alone instead: one
+//! shared or permit holder's, and an exclusive holder's renewal (its new deadline); a replica
+//! whose lock is not the one the change was made to refuses it and keeps its lock. The same code announces the change locally:
 //! WATCH invalidation, the keyspace notification and the lease index.
 
 use redis_module::{Context, NotifyEvent, RedisString};
@@ -73,6 +75,12 @@ pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored
     if lock.group.is_some() {
         // Shared or permit holders: one state and token per holder.
         replicate_apply(ctx, key, &codec::effect_args(event, lock));
+        return;
+    }
+    if let (Event::Renew, Some(holder)) = (event, &lock.holder) {
+        // A renewal changes the deadline alone: the rest of the holder is on every replica.
+        let state = State::renewal(lock, holder.deadline);
+        keys::replicate_key_state(ctx, APPLY, key, state.as_bytes(), &[]);
         return;
     }
     let state = State::of(event, lock);
