@@ -303,6 +303,25 @@ soak-ci: ## The soak test at CI scale: 1.5 minutes of load (SOAK_MINUTES=1.5), a
 prometheus-test: debug ## contrib/prometheus end to end: Redis, redis_exporter and Prometheus (about 10 s)
 	REDIS_SERVER="$(REDIS_SERVER)" tests/prometheus/run
 
+# Packages of the release build. `make deb`: packaging/deb/build lays out the Debian package
+# (module in /usr/lib/redis/modules, a snippet loading it in /etc/redis/modules and
+# /etc/valkey/modules, docs) and builds it with dpkg-deb into target/debian/, then runs lintian
+# (installed with apt-get when missing, as root). `make dist`: packaging/dist packs the module
+# and docs with a SHA256SUMS into target/dist/. `make test-deb` (root, Debian): both, then
+# packaging/deb/test installs the package, runs Debian's redis-server on a free loopback port
+# with a config that includes the installed snippet, drives the module with redis-cli, checks
+# the tarball's checksums, and purges the package; a machine where redis-lock is installed is
+# refused, not touched.
+.PHONY: deb dist test-deb
+deb: release ## Build the Debian package into target/debian/ and check it with lintian
+	packaging/deb/build
+
+dist: release ## Pack the module and docs into a tarball with SHA256SUMS in target/dist/
+	packaging/dist
+
+test-deb: deb dist ## Install the package (root), smoke-test it in Debian's redis-server, purge it (about 10 s)
+	packaging/deb/test
+
 # Upgrades (tests/upgrade.rs): the previous release, built from its commit in this clone's history
 # into .cache/previous/ (once; about a minute), writes RDB and AOF files and feeds replicas that
 # this build must read and follow, and a replica of the previous release is shown what it does
