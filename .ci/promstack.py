@@ -178,3 +178,34 @@ def alert_list(prom_port):
 def alerts(prom_port):
     """{(alertname, state)} of Prometheus' alerts."""
     return {(a["labels"]["alertname"], a["state"]) for a in alert_list(prom_port)}
+
+
+def start_time(pid):
+    """The process' start time (field 22 of /proc/<pid>/stat, clock ticks since boot), or None
+    when there is no such process or it is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def exe(pid):
+    """The program the process runs (/proc/<pid>/exe), or None."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        return None
+
+
+def ours(entry):
+    """True while the process .ci/ops up recorded in `entry` still runs: a process with that pid, start
+    time and program. (Not its command line: redis-server rewrites it to its own title.) A
+    reused pid has another start time."""
+    pid = entry["pid"]
+    return start_time(pid) == entry["start"] and exe(pid) == entry["exe"]
