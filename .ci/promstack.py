@@ -204,8 +204,8 @@ def exe(pid):
 
 
 def ours(entry):
-    """True while the process .ci/ops up recorded in `entry` still runs: a process with that pid, start
-    time and program. (Not its command line: redis-server rewrites it to its own title.) A
-    reused pid has another start time."""
+    """True while the process .ci/ops up recorded in `entry` still runs: a process with that
+    pid, start time and program. A reused pid has another start time. (Not its command line:
+    redis-server rewrites that to its own title.)"""
     pid = entry["pid"]
     return start_time(pid) == entry["start"] and exe(pid) == entry["exe"]
