@@ -108,6 +108,12 @@ pub enum LockError {
     },
     /// An option that only exclusive holds take, given with SHARED or LIMIT.
     ExclusiveOnly(&'static str),
+    /// A namespace in `enforce` mode refused the request (see `crate::policy`): its name,
+    /// and what rule the request broke, with the figures.
+    Policy {
+        namespace: String,
+        detail: String,
+    },
     /// Something that should not happen (a bug, or the server refusing what it never refuses):
     /// what it was goes to the server log when the error is replied.
     Internal(&'static str),
@@ -234,6 +240,7 @@ impl LockError {
             LockError::ExclusiveOnly(option) => {
                 format!("ERR option {option} applies to exclusive holds only, not SHARED or LIMIT")
             }
+            LockError::Policy { namespace, detail } => format!("POLICY {namespace}: {detail}"),
             LockError::Internal(_) => {
                 "ERR internal error in the lock module; details are in the server log".into()
             }

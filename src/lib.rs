@@ -29,7 +29,8 @@ use std::ffi::CStr;
 use host::command::{entry, entry_declaring_keys, ArgDef, ArgKind, CommandDef, KeyAccess, Keys};
 use service::commands::{
     LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockGuard, LockInfo,
-    LockLongholds, LockMacquire, LockMrelease, LockRelease, LockRenew, LockWait, LockWho,
+    LockLongholds, LockMacquire, LockMrelease, LockPolicy, LockRelease, LockRenew, LockWait,
+    LockWho,
 };
 
 /// Rust allocations go through Redis' allocator, so INFO memory, MEMORY USAGE and maxmemory
@@ -227,6 +228,30 @@ pub static COMMANDS: &[CommandDef] = &[
         since: c"0.2.0",
     },
     CommandDef {
+        name: c"lock.policy",
+        callback: entry::<LockPolicy>,
+        flags: c"readonly fast allow-loading allow-stale",
+        arity: -2,
+        keys: Keys::None,
+        summary: c"The lock namespaces (lock.namespaces): LIST every namespace with its settings and what it refused and warned about; EXPLAIN key: which namespace a key is in and which rules apply to it, from where.",
+        complexity: c"O(N) where N is the number of namespaces and their prefixes",
+        args: &[ArgDef::new(
+            c"subcommand",
+            ArgKind::OneOf(&[
+                ArgDef::new(c"list", ArgKind::PureToken).token(c"LIST"),
+                ArgDef::new(
+                    c"explain",
+                    ArgKind::Block(&[
+                        ArgDef::new(c"explain", ArgKind::PureToken).token(c"EXPLAIN"),
+                        ArgDef::new(c"key", ArgKind::String),
+                    ]),
+                ),
+            ]),
+        )],
+        acl: c"",
+        since: c"0.3.0",
+    },
+    CommandDef {
         name: c"lock.forcerelease",
         callback: entry::<LockForceRelease>,
         flags: c"write fast",
@@ -342,11 +367,14 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         .iter()
         .map(|config| config::value_from_args(config, args))
         .collect::<Result<Vec<_>, _>>()?;
+    let namespaces = config::string_from_args(config::NAMESPACES, args).unwrap_or_default();
+    service::policy::apply(namespaces).map_err(|e| format!("lock.namespaces: {e}"))?;
     host::set_module_options(ctx, 0);
     host::value::create_type(ctx, &service::value::LOCK_TYPE)?;
     for (config, default) in config::ALL.into_iter().zip(defaults) {
         host::config::register_numeric(ctx, config, default)?;
     }
+    host::config::register_string(ctx, &service::policy::CONFIG, &service::policy::text())?;
     host::config::load(ctx)?;
     host::config::on_change(service::audit::config_changed);
     let config_callers = host::audit::watch_config_calls(ctx);

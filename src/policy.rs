@@ -261,22 +261,28 @@ impl Policy {
 
     /// The namespace of `key`, and the prefix that put it there (`None` for `default`).
     pub fn namespace_of(&self, key: &[u8]) -> Option<(&Namespace, Option<&[u8]>)> {
-        let mut best: Option<(&Namespace, &[u8])> = None;
-        for namespace in &self.namespaces {
+        let (at, prefix) = self.position_of(key)?;
+        Some((self.namespaces.get(at)?, prefix))
+    }
+
+    /// [`Policy::namespace_of`] as the namespace's position in the policy.
+    pub fn position_of(&self, key: &[u8]) -> Option<(usize, Option<&[u8]>)> {
+        let mut best: Option<(usize, &[u8])> = None;
+        for (at, namespace) in self.namespaces.iter().enumerate() {
             for prefix in &namespace.prefixes {
                 let longer = best.is_none_or(|(_, b)| prefix.len() > b.len());
                 if longer && key.starts_with(prefix) {
-                    best = Some((namespace, prefix));
+                    best = Some((at, prefix));
                 }
             }
         }
         match best {
-            Some((namespace, prefix)) => Some((namespace, Some(prefix))),
+            Some((at, prefix)) => Some((at, Some(prefix))),
             None => self
                 .namespaces
                 .iter()
-                .find(|n| n.name == DEFAULT)
-                .map(|n| (n, None)),
+                .position(|n| n.name == DEFAULT)
+                .map(|at| (at, None)),
         }
     }
 

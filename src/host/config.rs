@@ -53,6 +53,11 @@ pub fn on_change(hook: OnChange) {
     let _ = ON_CHANGE.set(hook);
 }
 
+/// True once the load-time values are applied: a config set now is a change.
+pub fn loaded() -> bool {
+    LOADED.load(Ordering::Relaxed)
+}
+
 /// Applies the values given as module arguments, after every config is registered.
 pub fn load(ctx: &Context) -> Result<(), String> {
     // SAFETY: a valid context, during OnLoad.
@@ -86,4 +91,89 @@ extern "C" fn set(
         }
     }
     OK
+}
+
+/// A string config: the service checks and applies a new text (the error is CONFIG SET's
+/// reply, or the reason a load is refused) and says what CONFIG GET shows.
+pub struct StringConfig {
+    pub name: &'static str,
+    pub apply: fn(&[u8]) -> Result<(), String>,
+    pub text: fn() -> String,
+}
+
+/// Registers `config`, with `default` (its load-time value) applied already by the caller.
+pub fn register_string(
+    ctx: &Context,
+    config: &'static StringConfig,
+    default: &str,
+) -> Result<(), String> {
+    let name = CString::new(config.name).map_err(|e| e.to_string())?;
+    let default = CString::new(default).map_err(|e| e.to_string())?;
+    // SAFETY: reading the API table Redis filled in at load.
+    let register =
+        unsafe { raw::RedisModule_RegisterStringConfig }.ok_or("no RegisterStringConfig")?;
+    // SAFETY: a valid context, name and default; privdata is a 'static config.
+    let status = unsafe {
+        register(
+            ctx.ctx,
+            name.as_ptr(),
+            default.as_ptr(),
+            raw::REDISMODULE_CONFIG_DEFAULT,
+            Some(get_string),
+            Some(set_string),
+            None,
+            ptr::from_ref(config).cast_mut().cast(),
+        )
+    };
+    if status == ERR {
+        return Err(format!("cannot register config lock.{}", config.name));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// The string the last CONFIG GET of a string config was given: Redis copies it at once,
+    /// and it is freed by the next one.
+    static SHOWN: std::cell::RefCell<Option<redis_module::RedisString>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+extern "C" fn get_string(
+    _name: *const c_char,
+    privdata: *mut c_void,
+) -> *mut raw::RedisModuleString {
+    // SAFETY: privdata is the &'static StringConfig given at registration.
+    let config = unsafe { &*privdata.cast::<StringConfig>() };
+    let text = crate::host::guarded(String::new(), || (config.text)());
+    let shown = redis_module::RedisString::create_from_slice(ptr::null_mut(), text.as_bytes());
+    let inner = shown.inner;
+    SHOWN.with(|cell| *cell.borrow_mut() = Some(shown));
+    inner
+}
+
+extern "C" fn set_string(
+    _name: *const c_char,
+    value: *mut raw::RedisModuleString,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `get_string`; `value` is a live string for the call.
+    let config = unsafe { &*privdata.cast::<StringConfig>() };
+    let bytes = redis_module::RedisString::string_as_slice(value).to_vec();
+    let outcome = crate::host::guarded(Err("internal error".to_string()), || {
+        (config.apply)(&bytes)
+    });
+    match outcome {
+        Ok(()) => OK,
+        Err(message) => {
+            if !err.is_null() {
+                let error =
+                    redis_module::RedisString::create_from_slice(ptr::null_mut(), message.as_bytes());
+                // SAFETY: Redis takes the error string and frees it.
+                unsafe { *err = error.inner };
+                std::mem::forget(error);
+            }
+            ERR
+        }
+    }
 }

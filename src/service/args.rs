@@ -8,6 +8,8 @@ use crate::error::LockError;
 use crate::host::server::{in_script, is_replayed, parse_integer};
 use crate::lock::core::{valid_label, Mode, TokenDigest, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
+use crate::policy::{Asked, Kind};
+use crate::service::policy;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
 /// arithmetic would overflow. 0 means no limit.
@@ -231,14 +233,37 @@ fn label(arg: &RedisString) -> Result<Box<[u8]>, LockError> {
 }
 
 impl AcquireOptions {
-    /// The grant's lock-delay: the option, or the configured default; none for shared holds
-    /// and permits.
-    pub fn delay(&self) -> u64 {
+    /// The lock-delay of a grant of `key`: the option, or the default of the key's namespace
+    /// (see `crate::policy`), or `lock.lock-delay`; none for shared holds and permits.
+    pub fn delay(&self, key: &[u8]) -> u64 {
         if self.mode() != Mode::Exclusive {
             return 0;
         }
         self.lock_delay
+            .or_else(|| policy::lock_delay(key))
             .unwrap_or_else(|| u64::try_from(config::LOCK_DELAY.get()).unwrap_or(0))
+    }
+
+    /// What the request asks for a lease of `ttl`, as a namespace's rules read it.
+    pub fn asked(&self, ttl: u64) -> Asked {
+        Asked {
+            ttl,
+            wait: self.wait,
+            label: self.label.is_some(),
+            session: self.session,
+            sync: self
+                .sync
+                .filter(|s| s.replicas > 0)
+                .map(|s| u32::try_from(s.replicas).unwrap_or(u32::MAX)),
+            fsync: self.sync.is_some_and(|s| s.fsync_ms.is_some()),
+            kind: Some(match self.mode() {
+                Mode::Exclusive => Kind::Exclusive,
+                Mode::Shared => Kind::Shared,
+                Mode::Permit(_) => Kind::Semaphore,
+            }),
+            limit: self.limit,
+            renewal: false,
+        }
     }
 
     /// The kind of hold asked for: LIMIT makes it a permit (SHARED beside it changes nothing).

@@ -18,6 +18,7 @@ use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request, SyncRequest};
 use crate::lock::sessions;
+use crate::policy::Asked;
 use crate::metrics;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
@@ -28,6 +29,7 @@ use crate::service::change::{
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
+use crate::service::policy;
 use crate::service::multi::{self, macquire, mrelease};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
@@ -70,6 +72,7 @@ commands! {
     LockMrelease => mrelease, secrets: after_the_first;
     LockWho => who, secrets: after_the_first;
     LockLongholds => longholds, secrets: every_argument;
+    LockPolicy => policy_command, secrets: every_argument;
 }
 
 /// A failed call: anything after its first argument (the key, or numkeys, whose keys end
@@ -89,6 +92,11 @@ fn token_call_secrets(args: &[RedisString]) -> Vec<usize> {
 }
 
 /// A failed call of a command without a key: any argument may be a token.
+/// `LOCK.POLICY LIST | EXPLAIN key` (see `service::policy`).
+fn policy_command(ctx: &Context, args: &[RedisString]) -> CommandResult {
+    policy::command(ctx, args)
+}
+
 fn every_argument(args: &[RedisString]) -> Vec<usize> {
     (1..args.len()).collect()
 }
@@ -150,6 +158,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     check_sync(ctx, options.sync)?;
     args::check_session(ctx, options.session)?;
     waiters::check_may_queue(ctx, options.wait)?;
+    policy::admit(ctx, key_name.as_slice(), &options.asked(ttl))?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -161,7 +170,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         ttl,
         reentrant: options.reentrant,
         session: options.session,
-        delay: options.delay(),
+        delay: options.delay(key_name.as_slice()),
         mode: options.mode(),
         provisional: options.sync.is_some_and(|s| s.waits()),
         client,
@@ -281,6 +290,12 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let sync = args::renew_options(options, 4)?;
     check_sync(ctx, sync)?;
+    let renewal = Asked {
+        ttl,
+        renewal: true,
+        ..Asked::default()
+    };
+    policy::admit(ctx, key_name.as_slice(), &renewal)?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let renewed = match in_key_mut(&key)? {

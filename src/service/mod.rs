@@ -34,6 +34,7 @@ pub mod handoff;
 pub mod holds;
 pub mod leases;
 pub mod multi;
+pub mod policy;
 pub mod safety;
 pub mod value;
 pub mod waiters;
@@ -88,6 +89,11 @@ impl Section for Info {
             &metrics::ACQUIRE_WAIT,
         ));
         fields.extend(metrics::bucket_fields("hold_ms", &metrics::HOLD));
+        // The namespaces (service::policy): how many, and what they refused and warned about.
+        let (namespaces, refused, warned) = policy::totals();
+        fields.push(("namespaces".into(), n(namespaces as u64)));
+        fields.push(("policy_refused".into(), n(refused)));
+        fields.push(("policy_warned".into(), n(warned)));
         fields.push((
             "warning_eviction_policy".into(),
             i64::from(safety::eviction_risk()),
@@ -99,6 +105,7 @@ impl Section for Info {
         Fields {
             texts: vec![
                 ("version", crate::VERSION.to_string()),
+                ("policy_digest", policy::digest()),
                 ("oldest_hold_tag", hold_tag),
                 ("oldest_wait_tag", wait_tag),
             ],

@@ -16,6 +16,7 @@ use crate::lock::core::{recorded_connection, Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
+use crate::service::policy;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{expire_overdue, grant_key, release_key};
 use crate::service::handoff::{self, fence_reply};
@@ -141,6 +142,16 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
     args::check_session(ctx, options.session)?;
+    let asked = options.asked(ttl);
+    for key in keys {
+        policy::admit(ctx, key.as_slice(), &asked)?;
+    }
+    // One lock-delay for every key: the longest any of their namespaces gives.
+    let delay = keys
+        .iter()
+        .map(|key| options.delay(key.as_slice()))
+        .max()
+        .unwrap_or_default();
     let now = now_ms();
     let client = caller_id(ctx);
     let connection = recorded_connection(connection_of(ctx, client));
@@ -150,7 +161,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         ttl,
         reentrant: false,
         session: options.session,
-        delay: options.delay(),
+        delay,
         mode: Mode::Exclusive,
         provisional: false,
         client,
