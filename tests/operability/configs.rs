@@ -21,6 +21,7 @@ fn configs_have_their_documented_defaults() {
     assert_eq!(config_get(&mut c, "lock.lock-delay"), "0");
     assert_eq!(config_get(&mut c, "lock.long-hold"), "0");
     assert_eq!(config_get(&mut c, "lock.long-hold-log-len"), "128");
+    assert_eq!(config_get(&mut c, "lock.namespaces"), "");
     let all = fields_map(&c.call(&["CONFIG", "GET", "lock.*"]));
     assert_eq!(
         all.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -31,6 +32,7 @@ fn configs_have_their_documented_defaults() {
             "lock.max-token-len",
             "lock.max-ttl",
             "lock.max-waiters",
+            "lock.namespaces",
             "lock.tombstone-ttl"
         ]
     );

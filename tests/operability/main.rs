@@ -22,7 +22,7 @@ use common::*;
 use std::collections::BTreeMap;
 
 /// Gauges and counters of `INFO lock`: exact after every scripted sequence.
-const COUNTS: [&str; 26] = [
+const COUNTS: [&str; 29] = [
     "lock_held",
     "lock_waiters",
     "lock_keys",
@@ -49,6 +49,9 @@ const COUNTS: [&str; 26] = [
     "lock_shared_grants",
     "lock_permit_grants",
     "lock_long_holds",
+    "lock_namespaces",
+    "lock_policy_refused",
+    "lock_policy_warned",
 ];
 
 /// Ages in ms of the oldest hold and waiter (0 when none), and `lock.long-hold`.
@@ -59,8 +62,9 @@ const AGES: [&str; 3] = [
 ];
 
 /// The text fields of `INFO lock` (every other field is an integer).
-const TEXT_FIELDS: [&str; 3] = [
+const TEXT_FIELDS: [&str; 4] = [
     "lock_version",
+    "lock_policy_digest",
     "lock_oldest_hold_tag",
     "lock_oldest_wait_tag",
 ];
