@@ -1,0 +1,393 @@
+//! The fifth independent review (issue 34/36: an exclusive holder's renewal replicated as its new
+//! deadline alone, bench-budget's long-hold measure, CHANGELOG.md). Each test says whether it
+//! showed a defect (FAILS: failing on the change as reviewed) or pins behaviour the change gets
+//! right that no other test covered (PASSES).
+
+mod common;
+
+use std::thread::sleep;
+use std::time::Duration;
+
+use common::*;
+
+const TOKEN: &str = "review5-secret-token-9c41d2";
+
+fn repo_file(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn promote(server: &Server) {
+    assert_eq!(
+        server.conn().call(&["REPLICAOF", "NO", "ONE"]),
+        Reply::status("OK")
+    );
+    wait_for("promoted to primary", || {
+        (server.info_field("replication", "role").as_deref() == Some("master")).then_some(())
+    });
+}
+
+/// A primary and a replica of it, linked, with the stream flowing.
+fn pair_with(primary: Config, replica: Config) -> (Server, Server) {
+    let primary = Server::start_with(primary);
+    let replica = Server::start_with(replica);
+    replica.replicate_from(&primary);
+    let mut p = primary.conn();
+    assert_eq!(p.call(&["SET", "__link__", "1"]), Reply::status("OK"));
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(p.call(&["DEL", "__link__"]), Reply::Int(1));
+    wait_replica_caught_up(&primary, &replica);
+    (primary, replica)
+}
+
+/// PASSES (pins the lease index of a replica after renewals): a replica applies renewals to a
+/// lease it indexed at the grant's deadline; promoted after that first deadline has passed, it
+/// expires the lock at the renewed deadline, not the granted one, and not never (its index entry
+/// followed the renewal; README: a promoted replica expires what the old primary would have).
+#[test]
+fn a_promoted_replica_expires_a_renewed_lease_at_its_renewed_deadline_not_before() {
+    let (mut primary, replica) = pair_with(Config::default(), Config::default());
+    let mut p = primary.conn();
+    let fence = acquire(&mut p, "k", TOKEN, 1_500);
+    assert_eq!(p.call(&["LOCK.RENEW", "k", TOKEN, "4000"]), Reply::Int(1));
+    let renewed_at = now_ms();
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(
+        digest_value(&mut replica.conn(), "k"),
+        digest_value(&mut p, "k")
+    );
+    drop(p);
+    // The granted deadline passes while it is still a replica (its lease timer fires for it).
+    sleep(Duration::from_millis(2_000));
+    primary.kill();
+    promote(&replica);
+    let mut r = replica.conn();
+    assert_eq!(state_of(&mut r, "k"), "held", "expired at the granted deadline");
+    assert_eq!(
+        r.call(&["LOCK.FENCE", "k", &fence.to_string()]),
+        Reply::Int(1)
+    );
+    wait_for("the promoted replica expires the renewed lease", || {
+        (replica.info_int("lock_expired") == 1).then_some(())
+    });
+    assert!(
+        now_ms() >= renewed_at + 4_000,
+        "expired {} ms after the renewal",
+        now_ms() - renewed_at
+    );
+    assert_eq!(state_of(&mut r, "k"), "free");
+    assert!(acquire(&mut r, "k", "next", 10_000) > fence);
+}
+
+/// PASSES (pins a refused renewal on a writable replica): a writable replica whose lock was
+/// deleted locally answers its primary's renewal with an error and changes nothing (no key
+/// created, `lock_renewed` not counted), keeps serving, logs no token, and still takes the
+/// renewal's fence into its floor: promoted, it grants above the fence the primary renewed.
+#[test]
+fn a_writable_replica_refuses_a_renewal_of_a_lock_it_deleted_and_keeps_its_floor() {
+    let (primary, replica) = pair_with(
+        Config::default(),
+        Config::default().with("replica-read-only", "no"),
+    );
+    let mut p = primary.conn();
+    // A fence above the clock term, so only the floor (not the clock) can keep the next one
+    // above it.
+    let fence = fence_far_ahead(&mut p);
+    plant_fence(&mut p, "k", fence);
+    let granted = acquire(&mut p, "k", TOKEN, 60_000);
+    assert!(granted as u64 > fence);
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    let renewed_before = replica.info_int("lock_renewed");
+    assert_eq!(r.call(&["DEL", "k"]), Reply::Int(1));
+    assert_eq!(p.call(&["LOCK.RENEW", "k", TOKEN, "70000"]), Reply::Int(1));
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(r.call(&["EXISTS", "k"]), Reply::Int(0), "a key was created");
+    assert_eq!(replica.info_int("lock_renewed"), renewed_before);
+    assert_eq!(r.call(&["PING"]), Reply::status("PONG"));
+    assert!(!replica.log().contains(TOKEN), "the token in the log");
+    // The link stays up, and later effects still apply.
+    assert_eq!(
+        replica
+            .info_field("replication", "master_link_status")
+            .as_deref(),
+        Some("up")
+    );
+    let other = acquire(&mut p, "other", TOKEN, 60_000);
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(
+        r.call(&["LOCK.FENCE", "other", &other.to_string()]),
+        Reply::Int(1)
+    );
+    drop(p);
+    drop(primary);
+    promote(&replica);
+    let next = acquire(&mut r, "k", "next", 10_000);
+    assert!(next > granted, "{next} > {granted}: a fence went back");
+}
+
+/// Exclusive holds of every shape a renewal must leave alone but its deadline: reentrant (held
+/// twice), lock-delay, session, a label, a name too long to travel inline, and in MULTI.
+fn renew_every_exclusive_shape(c: &mut Conn) -> Vec<String> {
+    let long_name: String = "n:".repeat(40);
+    let shapes: [(&str, &[&str]); 5] = [
+        ("plain", &[]),
+        ("reentrant", &["REENTRANT"]),
+        ("delay", &["LOCKDELAY", "5000"]),
+        ("session", &["SESSION"]),
+        ("label", &["LABEL", "lbl:with:colons"]),
+    ];
+    let mut keys = Vec::new();
+    for (name, extra) in shapes {
+        for named in [false, true] {
+            let key = format!("{name}:{named}");
+            let client_name = if named { long_name.as_str() } else { "w" };
+            assert_eq!(
+                c.call(&["CLIENT", "SETNAME", client_name]),
+                Reply::status("OK")
+            );
+            assert!(acquire_with(c, &key, TOKEN, 600_000, extra).is_int());
+            if name == "reentrant" {
+                assert!(acquire_with(c, &key, TOKEN, 600_000, extra).is_int());
+            }
+            assert_eq!(c.call(&["LOCK.RENEW", &key, TOKEN, "700000"]), Reply::Int(1));
+            keys.push(key);
+        }
+    }
+    // Granted and renewed twice in one MULTI.
+    assert_eq!(c.call(&["MULTI"]), Reply::status("OK"));
+    c.call(&["LOCK.ACQUIRE", "multi", TOKEN, "600000"]);
+    c.call(&["LOCK.RENEW", "multi", TOKEN, "650000"]);
+    c.call(&["LOCK.RENEW", "multi", TOKEN, "700000"]);
+    let exec = c.call(&["EXEC"]);
+    assert!(matches!(&exec, Reply::Array(items) if items.len() == 3), "{exec:?}");
+    keys.push("multi".into());
+    keys
+}
+
+fn digests(c: &mut Conn, keys: &[String]) -> Vec<(String, String)> {
+    keys.iter()
+        .map(|k| (k.clone(), digest_value(c, k)))
+        .collect()
+}
+
+/// PASSES (pins every exclusive shape through renewal effects, a chained replica and the AOF):
+/// after renewals of holds of every shape, a replica and a replica of that replica hold the
+/// primary's locks exactly (DEBUG DIGEST), and so does the primary restarted from its AOF.
+#[test]
+fn renewals_of_every_exclusive_shape_reach_a_chained_replica_and_the_aof_exactly() {
+    let aof = Config::default()
+        .with("appendonly", "yes")
+        .with("aof-use-rdb-preamble", "no");
+    let (mut primary, replica) = pair_with(aof, Config::default());
+    let chained = Server::start();
+    chained.replicate_from(&replica);
+    let mut c = primary.conn();
+    let keys = renew_every_exclusive_shape(&mut c);
+    let expected = digests(&mut c, &keys);
+    let whole = c.call(&["DEBUG", "DIGEST"]).text();
+    wait_replica_caught_up(&primary, &replica);
+    wait_replica_caught_up(&replica, &chained);
+    for (name, server) in [("replica", &replica), ("chained", &chained)] {
+        let mut r = server.conn();
+        assert_eq!(digests(&mut r, &keys), expected, "{name}");
+        assert_eq!(r.call(&["DEBUG", "DIGEST"]).text(), whole, "{name}");
+    }
+    // The session holds end with their connection (replicated and logged as such).
+    drop(c);
+    let mut c = primary.conn();
+    wait_for("the session holds ended", || {
+        ["session:false", "session:true"]
+            .iter()
+            .all(|k| state_of(&mut c, k) == "free")
+            .then_some(())
+    });
+    let expected = digests(&mut c, &keys);
+    wait_replica_caught_up(&primary, &replica);
+    wait_replica_caught_up(&replica, &chained);
+    assert_eq!(digests(&mut chained.conn(), &keys), expected, "chained");
+    drop(c);
+    primary.shutdown_and_restart();
+    let mut c = primary.conn();
+    assert_eq!(digests(&mut c, &keys), expected, "after a restart from the AOF");
+}
+
+/// FAILS: a demoted primary never announces a long hold again. README (holds.rs): "a replica
+/// counts and logs nothing, and a new primary announces a hold once more". A primary that marked
+/// a hold long keeps that in-memory mark when it is demoted (partial resync, its values kept):
+/// before this change, the new primary's renewal reached it as the whole state and reset the
+/// mark; a renewal now sets the deadline alone, so promoted back it never announces the hold
+/// (`lock_long_holds` stays, no `lock.longhold` event, no new log entry) although the new
+/// primary announced it and renewed it meanwhile. Passes on the build before 7185506 (the
+/// whole-state renewal replaced the holder, mark and all). Without the renewal on B it fails
+/// on both builds: a demoted primary's marks outlive its demotion (the root, older than this
+/// change), which only a whole-state effect happened to clear.
+#[test]
+fn a_demoted_primary_promoted_again_announces_a_renewed_long_hold_once_more() {
+    let (a, b) = pair_with(Config::default(), Config::default());
+    for server in [&a, &b] {
+        assert_eq!(
+            server
+                .conn()
+                .call(&["CONFIG", "SET", "lock.long-hold", "300"]),
+            Reply::status("OK")
+        );
+    }
+    let mut ca = a.conn();
+    acquire(&mut ca, "k", TOKEN, 600_000);
+    wait_for("A announces the long hold", || {
+        (a.info_int("lock_long_holds") == 1).then_some(())
+    });
+    wait_replica_caught_up(&a, &b);
+    // Failover to B, A follows it (a partial resync: A keeps its values).
+    promote(&b);
+    a.replicate_from(&b);
+    assert_eq!(b.info_int("sync_partial_ok"), 1, "A resynced partially");
+    wait_for("B announces the long hold once more", || {
+        (b.info_int("lock_long_holds") == 1).then_some(())
+    });
+    let mut cb = b.conn();
+    assert_eq!(cb.call(&["LOCK.RENEW", "k", TOKEN, "600000"]), Reply::Int(1));
+    wait_replica_caught_up(&b, &a);
+    drop(cb);
+    // Failback to A: a new primary again.
+    let before = a.info_int("lock_long_holds");
+    promote(&a);
+    let announced = (0..30).any(|_| {
+        sleep(Duration::from_millis(100));
+        a.info_int("lock_long_holds") > before
+    });
+    assert!(
+        announced,
+        "A, primary again, never announced the hold it had marked before its demotion"
+    );
+}
+
+/// FAILS: CHANGELOG.md names a notification that does not exist. It says 0.2.0 added "a
+/// `lock_long_hold` notification"; the keyspace event is `lock.longhold` (src/service/holds.rs,
+/// README), and the INFO counter is `lock_long_holds`.
+#[test]
+fn changelog_names_the_long_hold_notification_the_module_sends() {
+    let changelog = repo_file("CHANGELOG.md");
+    let src = repo_file("src/service/holds.rs");
+    assert!(src.contains("c\"lock.longhold\""));
+    assert!(
+        !changelog.contains("`lock_long_hold` notification"),
+        "CHANGELOG.md names a `lock_long_hold` notification; the event is lock.longhold"
+    );
+}
+
+/// FAILS: CHANGELOG.md's 0.2.0 entry leaves out user-facing additions made in 0.2.0
+/// (eca5381..HEAD): the Debian package and the tarball (`make deb`, `make dist`,
+/// `make test-deb`, README "Installing from a package") and the local ops stack
+/// (`make ops-up`, `ops-down`, `ops-test`). Each Makefile target with a help text that 0.1.0's
+/// Makefile lacked should be named in the 0.2.0 entry (bench-budget, bench-peers,
+/// prometheus-test and test-upgrade are).
+#[test]
+fn changelog_0_2_0_names_every_make_target_added_since_0_1_0() {
+    let changelog = repo_file("CHANGELOG.md");
+    let entry = changelog
+        .split("\n## 0.1.0")
+        .next()
+        .expect("a 0.2.0 entry");
+    let makefile = repo_file("Makefile");
+    let targets: Vec<&str> = makefile
+        .lines()
+        .filter(|l| l.contains("## "))
+        .filter_map(|l| l.split_once(':').map(|(t, _)| t.trim()))
+        .filter(|t| !t.is_empty() && !t.contains(' '))
+        .collect();
+    // The targets 0.1.0's Makefile had (git show eca5381:Makefile).
+    let old = [
+        "help",
+        "deps",
+        "build",
+        "run",
+        "test",
+        "test-clients",
+        "test-matrix",
+        "lint",
+        "bench",
+        "bench-servers",
+        "chaos",
+        "chaos-ci",
+        "soak",
+        "soak-ci",
+        "cluster",
+        "cluster-stop",
+        "redis-suite",
+        "valgrind",
+        "clean",
+    ];
+    let missing: Vec<&str> = targets
+        .iter()
+        .copied()
+        .filter(|t| !old.contains(t))
+        .filter(|t| !entry.contains(&format!("make {t}")) && !entry.contains(&format!("`{t}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "added in 0.2.0, not in its CHANGELOG entry: {missing:?}"
+    );
+}
+
+/// FAILS: README's "Internal commands" still says LOCK.APPLY carries "the lock's whole
+/// resulting state, or for a shared lock or a semaphore the one holder that changed"; an
+/// exclusive holder's renewal now carries its new deadline alone (`renew:fence:floor:n:deadline`),
+/// which an operator reading the AOF sees.
+#[test]
+fn readme_internal_commands_says_what_a_renewal_effect_carries() {
+    let readme = repo_file("README.md");
+    let section = readme
+        .split("\n## Internal commands")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("an Internal commands section");
+    assert!(
+        section.contains("renew"),
+        "README Internal commands does not mention the renewal effect: {section}"
+    );
+}
+
+/// FAILS: bench/budget's long-hold line is inconsistent with itself and with what bench-budget
+/// prints. Every other line reads `ratio (module against baseline)` with ratio = baseline /
+/// module (memory: module / baseline), as the report's columns are; bench-budget's long-hold row
+/// prints on (module column) against off (baseline column), ratio off / on. The line says
+/// `0.995x (19,898 against 20,008)`: 20,008 / 19,898 is 1.006x, so either the figures are in the
+/// other order (off against on) or the ratio is inverted.
+#[test]
+fn bench_budget_comments_give_ratios_their_figures_make() {
+    let budget = repo_file("bench/budget");
+    let mut bad = Vec::new();
+    for line in budget.lines() {
+        let Some((head, comment)) = line.split_once('#') else {
+            continue;
+        };
+        let name = head.split_whitespace().next().unwrap_or_default();
+        if name.is_empty() {
+            continue;
+        }
+        let Some((ratio, rest)) = comment.trim().split_once("x (") else {
+            continue;
+        };
+        let ratio: f64 = ratio.trim().parse().expect("a ratio");
+        let numbers: Vec<f64> = rest
+            .split(|c: char| !(c.is_ascii_digit() || c == ','))
+            .filter(|w| w.chars().any(|c| c.is_ascii_digit()))
+            .take(2)
+            .map(|w| w.replace(',', "").parse().expect("a figure"))
+            .collect();
+        let [module, baseline] = numbers[..] else {
+            panic!("{line}")
+        };
+        let made = if name == "memory" {
+            module / baseline
+        } else {
+            baseline / module
+        };
+        if (made - ratio).abs() > 0.006 {
+            bad.push(format!("{name}: says {ratio}x, its figures make {made:.3}x"));
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
