@@ -391,3 +391,62 @@ fn bench_budget_comments_give_ratios_their_figures_make() {
     }
     assert!(bad.is_empty(), "{bad:?}");
 }
+
+/// A key served by node `node`, named from `prefix`.
+fn key_on(cluster: &common::cluster::Cluster, node: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}:{i}"))
+        .find(|k| cluster.owner_of(k) == node)
+        .expect("a key")
+}
+
+/// PASSES (pins renewals during Valkey 9's atomic slot migration; elsewhere it returns at
+/// once): a held lock renewed on the source while its slot's snapshot is being sent arrives
+/// with the renewed deadline: the target applies the renewal effects the source streams after
+/// its snapshot to the lock the snapshot carried.
+#[test]
+fn renewals_during_an_atomic_slot_migration_reach_the_new_node() {
+    use common::cluster::{key_slot, Cluster};
+    let cluster = Cluster::start(3, false);
+    if !cluster.nodes[0].identity().atomic_slot_migration() {
+        return;
+    }
+    let tag = key_on(&cluster, 0, "r5");
+    let key = |name: &str| format!("{{{tag}}}:{name}");
+    let mut c = cluster.nodes[0].conn();
+    let fence = acquire(&mut c, &key("held"), TOKEN, 60_000);
+    for i in 0..4 {
+        acquire(&mut c, &key(&format!("filler{i}")), "t", 60_000);
+    }
+    // 200 ms per key in the snapshot: the import lasts about a second.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "rdb-key-save-delay", "200000"]),
+        Reply::status("OK")
+    );
+    let slot = key_slot(&key("held"));
+    cluster.start_atomic_migration(slot, 0, 1);
+    let mut last = None;
+    for ttl in [61_000, 62_000, 63_000, 64_000] {
+        sleep(Duration::from_millis(150));
+        match c.call(&["LOCK.RENEW", &key("held"), TOKEN, &ttl.to_string()]) {
+            Reply::Int(1) => {
+                eprintln!("renewed {ttl}: owner {}", cluster.owner_of(&key("held")));
+                last = Some(digest_value(&mut c, &key("held")));
+            }
+            other => {
+                // The slot left (or is leaving): the renewals so far are what must arrive.
+                eprintln!("renew {ttl}: {other:?}");
+                break;
+            }
+        }
+    }
+    let last = last.expect("at least one renewal while the slot was migrating");
+    wait_for("the slot to move", || {
+        (cluster.owner_of(&key("held")) == 1).then_some(())
+    });
+    let mut t = cluster.nodes[1].conn();
+    wait_for("the renewed lock on the new node", || {
+        (digest_value(&mut t, &key("held")) == last).then_some(())
+    });
+    assert_eq!(fence_of(&mut t, &key("held")), fence);
+}
