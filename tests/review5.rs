@@ -450,3 +450,75 @@ fn renewals_during_an_atomic_slot_migration_reach_the_new_node() {
     });
     assert_eq!(fence_of(&mut t, &key("held")), fence);
 }
+
+fn wait_rewrite_done(server: &Server) {
+    wait_for("no AOF rewrite running", || {
+        (server.info_field("persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+            && server
+                .info_field("persistence", "aof_rewrite_scheduled")
+                .as_deref()
+                == Some("0"))
+        .then_some(())
+    });
+    assert_eq!(
+        server
+            .info_field("persistence", "aof_last_bgrewrite_status")
+            .as_deref(),
+        Some("ok")
+    );
+}
+
+/// PASSES (pins renewal effects across an AOF rewrite, with and without the RDB preamble):
+/// renewals before a BGREWRITEAOF go into the base as the whole state, renewals after it into
+/// the new incremental file, applied to that base on a restart: the same lock comes back.
+#[test]
+fn renewals_on_both_sides_of_an_aof_rewrite_replay_to_the_same_lock() {
+    for preamble in ["yes", "no"] {
+        let mut server = Server::start_with(
+            Config::default()
+                .with("appendonly", "yes")
+                .with("aof-use-rdb-preamble", preamble),
+        );
+        let mut c = server.conn();
+        let fence = acquire_with(&mut c, "k", TOKEN, 600_000, &["LABEL", "x", "LOCKDELAY", "900"]);
+        assert!(fence.is_int());
+        assert_eq!(c.call(&["LOCK.RENEW", "k", TOKEN, "610000"]), Reply::Int(1));
+        wait_rewrite_done(&server);
+        c.call(&["BGREWRITEAOF"]);
+        // A renewal while the child writes, and one after.
+        assert_eq!(c.call(&["LOCK.RENEW", "k", TOKEN, "620000"]), Reply::Int(1));
+        wait_rewrite_done(&server);
+        assert_eq!(c.call(&["LOCK.RENEW", "k", TOKEN, "630000"]), Reply::Int(1));
+        let expected = digest_value(&mut c, "k");
+        drop(c);
+        server.shutdown_and_restart();
+        let mut c = server.conn();
+        assert_eq!(digest_value(&mut c, "k"), expected, "preamble {preamble}");
+    }
+}
+
+/// PASSES (pins notifications on a replica): the replica announces a renewal it applies with
+/// the `lock.renew` keyspace event, as the primary does, and a renewal it refuses with none.
+#[test]
+fn a_replica_announces_an_applied_renewal_and_not_a_refused_one() {
+    let (primary, replica) = pair_with(
+        Config::default().with("notify-keyspace-events", "KA"),
+        Config::default()
+            .with("notify-keyspace-events", "KA")
+            .with("replica-read-only", "no"),
+    );
+    let mut p = primary.conn();
+    acquire(&mut p, "k", TOKEN, 60_000);
+    acquire(&mut p, "gone", TOKEN, 60_000);
+    wait_replica_caught_up(&primary, &replica);
+    let mut sub = subscribe_keyspace(&replica, "k");
+    assert_eq!(p.call(&["LOCK.RENEW", "k", TOKEN, "70000"]), Reply::Int(1));
+    assert_eq!(next_event(&mut sub), "lock.renew");
+    let mut gone = subscribe_keyspace(&replica, "gone");
+    assert_eq!(replica.conn().call(&["DEL", "gone"]), Reply::Int(1));
+    assert_eq!(next_event(&mut gone), "del");
+    assert_eq!(p.call(&["LOCK.RENEW", "gone", TOKEN, "70000"]), Reply::Int(1));
+    // A marker after it: the next event on `gone` is the marker's, not a renewal's.
+    assert_eq!(p.call(&["SET", "gone", "x"]), Reply::status("OK"));
+    assert_eq!(next_event(&mut gone), "set");
+}
