@@ -652,3 +652,4 @@ fn changelog_effect_sizes_compare_with_0_1_0() {
     }
     assert!(wrong.is_empty(), "{wrong:?}\n0.1.0: {old:?}\n0.2.0: {new:?}");
 }
+
