@@ -62,7 +62,11 @@ fn a_promoted_replica_expires_a_renewed_lease_at_its_renewed_deadline_not_before
     primary.kill();
     promote(&replica);
     let mut r = replica.conn();
-    assert_eq!(state_of(&mut r, "k"), "held", "expired at the granted deadline");
+    assert_eq!(
+        state_of(&mut r, "k"),
+        "held",
+        "expired at the granted deadline"
+    );
     assert_eq!(
         r.call(&["LOCK.FENCE", "k", &fence.to_string()]),
         Reply::Int(1)
@@ -155,7 +159,10 @@ fn renew_every_exclusive_shape(c: &mut Conn) -> Vec<String> {
             if name == "reentrant" {
                 assert!(acquire_with(c, &key, TOKEN, 600_000, extra).is_int());
             }
-            assert_eq!(c.call(&["LOCK.RENEW", &key, TOKEN, "700000"]), Reply::Int(1));
+            assert_eq!(
+                c.call(&["LOCK.RENEW", &key, TOKEN, "700000"]),
+                Reply::Int(1)
+            );
             keys.push(key);
         }
     }
@@ -165,7 +172,10 @@ fn renew_every_exclusive_shape(c: &mut Conn) -> Vec<String> {
     c.call(&["LOCK.RENEW", "multi", TOKEN, "650000"]);
     c.call(&["LOCK.RENEW", "multi", TOKEN, "700000"]);
     let exec = c.call(&["EXEC"]);
-    assert!(matches!(&exec, Reply::Array(items) if items.len() == 3), "{exec:?}");
+    assert!(
+        matches!(&exec, Reply::Array(items) if items.len() == 3),
+        "{exec:?}"
+    );
     keys.push("multi".into());
     keys
 }
@@ -214,7 +224,11 @@ fn renewals_of_every_exclusive_shape_reach_a_chained_replica_and_the_aof_exactly
     drop(c);
     primary.shutdown_and_restart();
     let mut c = primary.conn();
-    assert_eq!(digests(&mut c, &keys), expected, "after a restart from the AOF");
+    assert_eq!(
+        digests(&mut c, &keys),
+        expected,
+        "after a restart from the AOF"
+    );
 }
 
 /// FAILS: a demoted primary never announces a long hold again. README (holds.rs): "a replica
@@ -253,7 +267,10 @@ fn a_demoted_primary_promoted_again_announces_a_renewed_long_hold_once_more() {
     });
     let mut cb = b.conn();
     if std::env::var("R5_NO_RENEW").is_err() {
-        assert_eq!(cb.call(&["LOCK.RENEW", "k", TOKEN, "600000"]), Reply::Int(1));
+        assert_eq!(
+            cb.call(&["LOCK.RENEW", "k", TOKEN, "600000"]),
+            Reply::Int(1)
+        );
     }
     wait_replica_caught_up(&b, &a);
     drop(cb);
@@ -293,10 +310,7 @@ fn changelog_names_the_long_hold_notification_the_module_sends() {
 #[test]
 fn changelog_0_2_0_names_every_make_target_added_since_0_1_0() {
     let changelog = repo_file("CHANGELOG.md");
-    let entry = changelog
-        .split("\n## 0.1.0")
-        .next()
-        .expect("a 0.2.0 entry");
+    let entry = changelog.split("\n## 0.1.0").next().expect("a 0.2.0 entry");
     let makefile = repo_file("Makefile");
     let targets: Vec<&str> = makefile
         .lines()
@@ -393,7 +407,9 @@ fn bench_budget_comments_give_ratios_their_figures_make() {
             baseline / module
         };
         if (made - ratio).abs() > 0.006 {
-            bad.push(format!("{name}: says {ratio}x, its figures make {made:.3}x"));
+            bad.push(format!(
+                "{name}: says {ratio}x, its figures make {made:.3}x"
+            ));
         }
     }
     assert!(bad.is_empty(), "{bad:?}");
@@ -460,7 +476,10 @@ fn renewals_during_an_atomic_slot_migration_reach_the_new_node() {
 
 fn wait_rewrite_done(server: &Server) {
     wait_for("no AOF rewrite running", || {
-        (server.info_field("persistence", "aof_rewrite_in_progress").as_deref() == Some("0")
+        (server
+            .info_field("persistence", "aof_rewrite_in_progress")
+            .as_deref()
+            == Some("0")
             && server
                 .info_field("persistence", "aof_rewrite_scheduled")
                 .as_deref()
@@ -487,7 +506,13 @@ fn renewals_on_both_sides_of_an_aof_rewrite_replay_to_the_same_lock() {
                 .with("aof-use-rdb-preamble", preamble),
         );
         let mut c = server.conn();
-        let fence = acquire_with(&mut c, "k", TOKEN, 600_000, &["LABEL", "x", "LOCKDELAY", "900"]);
+        let fence = acquire_with(
+            &mut c,
+            "k",
+            TOKEN,
+            600_000,
+            &["LABEL", "x", "LOCKDELAY", "900"],
+        );
         assert!(fence.is_int());
         assert_eq!(c.call(&["LOCK.RENEW", "k", TOKEN, "610000"]), Reply::Int(1));
         wait_rewrite_done(&server);
@@ -524,7 +549,10 @@ fn a_replica_announces_an_applied_renewal_and_not_a_refused_one() {
     let mut gone = subscribe_keyspace(&replica, "gone");
     assert_eq!(replica.conn().call(&["DEL", "gone"]), Reply::Int(1));
     assert_eq!(next_event(&mut gone), "del");
-    assert_eq!(p.call(&["LOCK.RENEW", "gone", TOKEN, "70000"]), Reply::Int(1));
+    assert_eq!(
+        p.call(&["LOCK.RENEW", "gone", TOKEN, "70000"]),
+        Reply::Int(1)
+    );
     // A marker after it: the next event on `gone` is the marker's, not a renewal's.
     assert_eq!(p.call(&["SET", "gone", "x"]), Reply::status("OK"));
     assert_eq!(next_event(&mut gone), "set");
@@ -564,7 +592,11 @@ fn aof_applies(aof: &[u8]) -> Vec<(String, usize, usize)> {
     let mut out = Vec::new();
     let mut at = 0;
     let line = |at: &mut usize| -> String {
-        let end = aof[*at..].windows(2).position(|w| w == b"\r\n").expect("a line") + *at;
+        let end = aof[*at..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .expect("a line")
+            + *at;
         let text = String::from_utf8_lossy(&aof[*at..end]).into_owned();
         *at = end + 2;
         text
@@ -572,7 +604,11 @@ fn aof_applies(aof: &[u8]) -> Vec<(String, usize, usize)> {
     while at < aof.len() {
         let start = at;
         let head = line(&mut at);
-        let argc: usize = head.strip_prefix('*').expect("an array").parse().expect("argc");
+        let argc: usize = head
+            .strip_prefix('*')
+            .expect("an array")
+            .parse()
+            .expect("argc");
         let mut args = Vec::new();
         for _ in 0..argc {
             let len: usize = line(&mut at)
@@ -603,10 +639,15 @@ fn effect_sizes(module: Option<std::path::PathBuf>) -> Vec<(String, usize, usize
     config.module = module;
     let server = Server::start_with(config);
     let mut c = server.conn();
-    assert_eq!(c.call(&["CLIENT", "SETNAME", "worker-7"]), Reply::status("OK"));
+    assert_eq!(
+        c.call(&["CLIENT", "SETNAME", "worker-7"]),
+        Reply::status("OK")
+    );
     // A UUID token, as the client helpers make.
     let token = "3f2b8c1e-9a4d-4e7b-8c21-5d6f7a8b9c0d";
-    assert!(c.call(&["LOCK.ACQUIRE", "orders:42", token, "30000"]).is_int());
+    assert!(c
+        .call(&["LOCK.ACQUIRE", "orders:42", token, "30000"])
+        .is_int());
     assert_eq!(
         c.call(&["LOCK.RENEW", "orders:42", token, "30000"]),
         Reply::Int(1)
@@ -647,13 +688,17 @@ fn changelog_effect_sizes_compare_with_0_1_0() {
     let mut wrong = Vec::new();
     let ((_, old_argc, old_bytes), (_, _, new_bytes)) = (&old[0], &new[0]);
     if *old_argc != 5 {
-        wrong.push(format!("0.1.0's ACQUIRE effect had {old_argc} arguments, not 5"));
+        wrong.push(format!(
+            "0.1.0's ACQUIRE effect had {old_argc} arguments, not 5"
+        ));
     }
     if new_bytes >= old_bytes {
         wrong.push(format!(
             "0.2.0's ACQUIRE effect is {new_bytes} bytes, 0.1.0's {old_bytes}: not shorter"
         ));
     }
-    assert!(wrong.is_empty(), "{wrong:?}\n0.1.0: {old:?}\n0.2.0: {new:?}");
+    assert!(
+        wrong.is_empty(),
+        "{wrong:?}\n0.1.0: {old:?}\n0.2.0: {new:?}"
+    );
 }
-
