@@ -672,10 +672,12 @@ fn effect_sizes(module: Option<std::path::PathBuf>) -> Vec<(String, usize, usize
 /// CHANGELOG gives against both builds. Skipped without the 0.1.0 build.
 #[test]
 fn changelog_effect_sizes_compare_with_0_1_0() {
-    let previous = std::path::PathBuf::from(
-        std::env::var("R5_PREVIOUS")
-            .unwrap_or_else(|_| "/work/main/.cache/previous/eca5381/libredis_lock.so".into()),
-    );
+    let previous = std::path::PathBuf::from(std::env::var("R5_PREVIOUS").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/previous/eca5381/libredis_lock.so",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }));
     if !previous.exists() {
         eprintln!("no 0.1.0 build at {}: skipped", previous.display());
         return;
