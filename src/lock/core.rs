@@ -799,10 +799,14 @@ impl Lock {
     /// Applies a replicated renewal (see `codec::State::renewal`): the exclusive holder, whose
     /// grant has `fence`, now holds until `deadline`. Refused, changing nothing, when this lock
     /// has no exclusive holder of that grant: it is not the lock the primary renewed.
+    /// As a whole-state effect would, it leaves the holder without a long-hold mark: a server
+    /// that marked the hold as a primary, then followed the primary that renewed it, announces
+    /// the hold once more if it is promoted again.
     pub fn apply_renewal(&mut self, fence: u64, deadline: u64) -> Result<(), &'static str> {
         match self.holder.as_mut() {
             Some(holder) if self.fence == fence && self.group.is_none() => {
                 holder.deadline = deadline;
+                holder.long = false;
                 Ok(())
             }
             _ => Err("renewal of a grant this lock does not have"),

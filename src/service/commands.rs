@@ -472,7 +472,9 @@ fn wait(ctx: &Context, args: &[RedisString]) -> CommandResult {
 }
 
 /// `LOCK.APPLY key event:fence:floor[:deadline:holds:flags] [token]`: the replicated effect of a
-/// change on the primary. Refused from ordinary clients.
+/// change on the primary (the whole resulting state; or one shared or permit holder's change;
+/// or an exclusive holder's renewal, `renew:fence:floor:n:deadline`: see `lock::codec`).
+/// Refused from ordinary clients.
 fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let [_, key_name, rest @ ..] = args else {
         return Err(LockError::WrongArity);
