@@ -236,6 +236,19 @@ impl Namespace {
     }
 }
 
+impl Namespace {
+    /// The `max-waiters` requirement for a request that would queue behind `queued` others.
+    pub fn check_queue(&self, queued: u64) -> Option<Violation> {
+        let max = self.rules.max_waiters.filter(|max| queued >= *max)?;
+        Some(Violation {
+            rule: "max-waiters",
+            detail: format!(
+                "{queued} waiters queued on the key, the namespace's max-waiters {max}"
+            ),
+        })
+    }
+}
+
 /// A parsed, valid policy: its namespaces in the order given, and its text written out in one
 /// canonical form (the one CONFIG GET shows and the digest is taken of).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -654,6 +667,17 @@ mod tests {
                 "{asked:?}"
             );
         }
+        let queue = Policy::parse("q prefix=q: max-waiters=2").unwrap();
+        let (queue, _) = queue.namespace_of(b"q:1").unwrap();
+        assert_eq!(queue.check_queue(1), None);
+        assert_eq!(
+            queue.check_queue(2),
+            Some(Violation {
+                rule: "max-waiters",
+                detail: "2 waiters queued on the key, the namespace's max-waiters 2".into()
+            })
+        );
+        assert_eq!(strict.check_queue(1_000_000), None);
         let within = Asked {
             wait: Some(5000),
             kind: Some(Kind::Semaphore),

@@ -160,15 +160,16 @@ extern "C" fn set_string(
     // SAFETY: as in `get_string`; `value` is a live string for the call.
     let config = unsafe { &*privdata.cast::<StringConfig>() };
     let bytes = redis_module::RedisString::string_as_slice(value).to_vec();
-    let outcome = crate::host::guarded(Err("internal error".to_string()), || {
-        (config.apply)(&bytes)
-    });
+    let outcome =
+        crate::host::guarded(Err("internal error".to_string()), || (config.apply)(&bytes));
     match outcome {
         Ok(()) => OK,
         Err(message) => {
             if !err.is_null() {
-                let error =
-                    redis_module::RedisString::create_from_slice(ptr::null_mut(), message.as_bytes());
+                let error = redis_module::RedisString::create_from_slice(
+                    ptr::null_mut(),
+                    message.as_bytes(),
+                );
                 // SAFETY: Redis takes the error string and frees it.
                 unsafe { *err = error.inner };
                 std::mem::forget(error);

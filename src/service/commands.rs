@@ -18,8 +18,8 @@ use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::lock::queues::{Kind, Request, SyncRequest};
 use crate::lock::sessions;
-use crate::policy::Asked;
 use crate::metrics;
+use crate::policy::Asked;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{
@@ -29,8 +29,8 @@ use crate::service::change::{
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
-use crate::service::policy;
 use crate::service::multi::{self, macquire, mrelease};
+use crate::service::policy;
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
@@ -248,6 +248,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     if i64::try_from(queued).map_or(true, |n| n >= max) {
                         return Err(LockError::TooManyWaiters { max });
                     }
+                    policy::admit_queued(ctx, key_name.as_slice(), queued)?;
                     let request = Request {
                         token,
                         ttl,

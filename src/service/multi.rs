@@ -16,10 +16,10 @@ use crate::lock::core::{recorded_connection, Admit, Mode, Request};
 use crate::lock::queues;
 use crate::lock::sessions;
 use crate::metrics;
-use crate::service::policy;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{expire_overdue, grant_key, release_key};
 use crate::service::handoff::{self, fence_reply};
+use crate::service::policy;
 use crate::service::value::in_key_mut;
 use crate::service::waiters;
 
@@ -200,6 +200,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             if i64::try_from(queued).map_or(true, |n| n >= max) {
                 return Err(LockError::TooManyWaiters { max });
             }
+            policy::admit_queued(ctx, name.as_slice(), queued)?;
         }
         let queued = queues::Request {
             token,

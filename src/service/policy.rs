@@ -14,11 +14,11 @@ use sha2::{Digest, Sha256};
 use crate::config;
 use crate::error::LockError;
 use crate::host::audit::{config_caller, describe_client};
+use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::config::{self as host_config, StringConfig};
 use crate::host::log_notice;
 use crate::host::server::{caller_id, is_replayed, now_ms};
-use crate::host::command::{reply_nested, CommandResult, Nested};
-use crate::policy::{settings, Asked, Enforcement, Namespace, Policy};
+use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
 
 /// The rules a request can break, in the order of their counters.
 pub const RULES: [&str; 10] = [
@@ -161,6 +161,21 @@ pub fn totals() -> (usize, u64, u64) {
 /// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
 /// in `warn` mode would have.
 pub fn admit(ctx: &Context, key: &[u8], asked: &Asked) -> Result<(), LockError> {
+    judged(ctx, key, |namespace| namespace.check(asked))
+}
+
+/// [`admit`] for a request about to queue on `key` behind `queued` others (`max-waiters`).
+pub fn admit_queued(ctx: &Context, key: &[u8], queued: usize) -> Result<(), LockError> {
+    judged(ctx, key, |namespace| {
+        namespace.check_queue(u64::try_from(queued).unwrap_or(u64::MAX))
+    })
+}
+
+fn judged(
+    ctx: &Context,
+    key: &[u8],
+    check: impl FnOnce(&Namespace) -> Option<Violation>,
+) -> Result<(), LockError> {
     if is_replayed(ctx) {
         return Ok(());
     }
@@ -178,7 +193,7 @@ pub fn admit(ctx: &Context, key: &[u8], asked: &Asked) -> Result<(), LockError> 
         if namespace.mode == Enforcement::Off {
             return Ok(());
         }
-        let Some(violation) = namespace.check(asked) else {
+        let Some(violation) = check(namespace) else {
             return Ok(());
         };
         let rule = RULES.iter().position(|r| *r == violation.rule).unwrap_or(0);
@@ -339,11 +354,19 @@ fn explain(active: Option<(&Policy, &[Counts])>, key: &[u8]) -> Nested {
     let namespaced = found.filter(|(namespace, _)| namespace.mode != Enforcement::Off);
     if let Some((namespace, _)) = namespaced {
         for (setting, value) in settings(&namespace.rules) {
-            rules.push(rule(setting, value, format!("namespace {}", namespace.name)));
+            rules.push(rule(
+                setting,
+                value,
+                format!("namespace {}", namespace.name),
+            ));
         }
     }
     // The server's own limits, which hold whatever the namespace says.
-    for numeric in [&config::MAX_TTL, &config::MAX_WAITERS, &config::MAX_TOKEN_LEN] {
+    for numeric in [
+        &config::MAX_TTL,
+        &config::MAX_WAITERS,
+        &config::MAX_TOKEN_LEN,
+    ] {
         rules.push(rule(
             numeric.name,
             numeric.get().to_string(),
