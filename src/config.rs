@@ -66,25 +66,11 @@ pub static ALL: [&NumericConfig; 7] = [
     &LONG_HOLD_LOG_LEN,
 ];
 
-/// The string configs, by name under `lock.`: the namespaces' policy (see `crate::policy`).
-pub const STRINGS: [&str; 1] = [NAMESPACES];
-/// `lock.namespaces`.
+/// `lock.namespaces`, the namespaces' policy (see `crate::policy`): a string config, set in
+/// redis.conf (`lock.namespaces "..."`), on the command line or by CONFIG SET, never as a module
+/// argument: CONFIG REWRITE writes a module's arguments back without quotes, and a policy has
+/// spaces, so the next start would refuse the module.
 pub const NAMESPACES: &str = "namespaces";
-
-/// The load-time text of the string config `name` among the module arguments (the last one
-/// given), if any.
-pub fn string_from_args<'a>(name: &str, args: &'a [Vec<u8>]) -> Option<&'a [u8]> {
-    args.chunks(2)
-        .filter_map(|pair| match pair {
-            [arg, value] => {
-                let arg = arg.strip_prefix(b"lock.").unwrap_or(arg);
-                arg.eq_ignore_ascii_case(name.as_bytes())
-                    .then_some(value.as_slice())
-            }
-            _ => None,
-        })
-        .last()
-}
 
 /// `lock.long-hold` in ms (0: off).
 pub fn long_hold() -> u64 {
@@ -123,10 +109,15 @@ pub fn value_from_args(config: &NumericConfig, args: &[Vec<u8>]) -> Result<i64, 
 pub fn check_arg_names(args: &[Vec<u8>]) -> Result<(), String> {
     for pair in args.chunks(2) {
         let name = pair[0].strip_prefix(b"lock.").unwrap_or(&pair[0]);
-        let known = ALL.iter().map(|c| c.name).chain(STRINGS);
-        if !known
-            .into_iter()
-            .any(|known| name.eq_ignore_ascii_case(known.as_bytes()))
+        if name.eq_ignore_ascii_case(NAMESPACES.as_bytes()) {
+            return Err(format!(
+                "lock.{NAMESPACES} is not a module argument: set it with a lock.{NAMESPACES} line \
+                 in redis.conf, --lock.{NAMESPACES} on the command line, or CONFIG SET"
+            ));
+        }
+        if !ALL
+            .iter()
+            .any(|c| name.eq_ignore_ascii_case(c.name.as_bytes()))
         {
             return Err(format!(
                 "unknown module argument '{}'",

@@ -367,14 +367,13 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
         .iter()
         .map(|config| config::value_from_args(config, args))
         .collect::<Result<Vec<_>, _>>()?;
-    let namespaces = config::string_from_args(config::NAMESPACES, args).unwrap_or_default();
-    service::policy::apply(namespaces).map_err(|e| format!("lock.namespaces: {e}"))?;
     host::set_module_options(ctx, 0);
     host::value::create_type(ctx, &service::value::LOCK_TYPE)?;
     for (config, default) in config::ALL.into_iter().zip(defaults) {
         host::config::register_numeric(ctx, config, default)?;
     }
-    host::config::register_string(ctx, &service::policy::CONFIG, &service::policy::text())?;
+    // Set from redis.conf, the command line or CONFIG SET: RM_LoadConfigs applies a given one.
+    host::config::register_string(ctx, &service::policy::CONFIG, "")?;
     host::config::load(ctx)?;
     host::config::on_change(service::audit::config_changed);
     let config_callers = host::audit::watch_config_calls(ctx);

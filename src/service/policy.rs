@@ -62,7 +62,7 @@ thread_local! {
     static TOTALS: RefCell<(u64, u64)> = const { RefCell::new((0, 0)) };
 }
 
-/// Puts the policy `text` in force (CONFIG SET, or the load), keeping each namespace's counts
+/// Puts the policy `text` in force (CONFIG SET, or the value given at load), keeping each namespace's counts
 /// by name. The error says what is wrong; nothing changes then.
 pub fn apply(text: &[u8]) -> Result<(), String> {
     let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;

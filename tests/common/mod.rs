@@ -67,6 +67,9 @@ pub struct Config {
     pub module: Option<PathBuf>,
     /// A Redis Cluster node: cluster mode on, with a cluster bus port of its own.
     pub cluster: bool,
+    /// A config file to start from (written as `redis.conf` in the server's directory at the
+    /// first start, kept across restarts, so CONFIG REWRITE has somewhere to write).
+    pub config_file: Option<String>,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             load_module: true,
             module: None,
             cluster: false,
+            config_file: None,
         }
     }
 }
@@ -137,6 +141,13 @@ impl Server {
         for _ in 0..5 {
             self.port = free_port();
             let mut cmd = Command::new(redis_server_binary());
+            if let Some(text) = &self.config.config_file {
+                let path = self.dir.path().join("redis.conf");
+                if !path.exists() {
+                    std::fs::write(&path, text).expect("write redis.conf");
+                }
+                cmd.arg(path);
+            }
             cmd.arg("--port").arg(self.port.to_string());
             cmd.arg("--bind").arg("127.0.0.1");
             cmd.arg("--dir").arg(self.dir.path());
