@@ -235,7 +235,7 @@ fn label(arg: &RedisString) -> Result<Box<[u8]>, LockError> {
 impl AcquireOptions {
     /// The lock-delay of a grant of `key`: the option, or the default of the key's namespace
     /// (see `crate::policy`), or `lock.lock-delay`; none for shared holds and permits.
-    pub fn delay(&self, key: &[u8]) -> u64 {
+    pub fn delay(&self, key: &RedisString) -> u64 {
         if self.mode() != Mode::Exclusive {
             return 0;
         }

@@ -158,7 +158,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     check_sync(ctx, options.sync)?;
     args::check_session(ctx, options.session)?;
     waiters::check_may_queue(ctx, options.wait)?;
-    policy::admit(ctx, key_name.as_slice(), &options.asked(ttl))?;
+    policy::admit(ctx, key_name, || options.asked(ttl))?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -170,7 +170,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         ttl,
         reentrant: options.reentrant,
         session: options.session,
-        delay: options.delay(key_name.as_slice()),
+        delay: options.delay(key_name),
         mode: options.mode(),
         provisional: options.sync.is_some_and(|s| s.waits()),
         client,
@@ -248,7 +248,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     if i64::try_from(queued).map_or(true, |n| n >= max) {
                         return Err(LockError::TooManyWaiters { max });
                     }
-                    policy::admit_queued(ctx, key_name.as_slice(), queued)?;
+                    policy::admit_queued(ctx, key_name, queued)?;
                     let request = Request {
                         token,
                         ttl,
@@ -291,12 +291,11 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let sync = args::renew_options(options, 4)?;
     check_sync(ctx, sync)?;
-    let renewal = Asked {
+    policy::admit(ctx, key_name, || Asked {
         ttl,
         renewal: true,
         ..Asked::default()
-    };
-    policy::admit(ctx, key_name.as_slice(), &renewal)?;
+    })?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let renewed = match in_key_mut(&key)? {

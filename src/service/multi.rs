@@ -142,14 +142,16 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
     args::check_session(ctx, options.session)?;
-    let asked = options.asked(ttl);
-    for key in keys {
-        policy::admit(ctx, key.as_slice(), &asked)?;
+    if policy::any() {
+        let asked = options.asked(ttl);
+        for key in keys {
+            policy::admit(ctx, key, || asked)?;
+        }
     }
     // One lock-delay for every key: the longest any of their namespaces gives.
     let delay = keys
         .iter()
-        .map(|key| options.delay(key.as_slice()))
+        .map(|key| options.delay(key))
         .max()
         .unwrap_or_default();
     let now = now_ms();
@@ -200,7 +202,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             if i64::try_from(queued).map_or(true, |n| n >= max) {
                 return Err(LockError::TooManyWaiters { max });
             }
-            policy::admit_queued(ctx, name.as_slice(), queued)?;
+            policy::admit_queued(ctx, name, queued)?;
         }
         let queued = queues::Request {
             token,

@@ -7,6 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis_module::{Context, RedisString, RedisValue};
 use sha2::{Digest, Sha256};
@@ -52,6 +53,11 @@ const WARN_LINE_EVERY_MS: u64 = 60_000;
 /// The most (client, namespace, rule) triples remembered for that; beyond, the memory is reset.
 const WARN_LINES_KEPT: usize = 4096;
 
+/// True while a policy with at least one namespace is in force: the one thing a request looks
+/// at when there is none (a plain load; the thread-local cells below cost a call each in a
+/// shared library).
+static ANY: AtomicBool = AtomicBool::new(false);
+
 thread_local! {
     /// The policy in force; `None` with no namespace.
     static ACTIVE: RefCell<Option<Active>> = const { RefCell::new(None) };
@@ -70,6 +76,7 @@ pub fn apply(text: &[u8]) -> Result<(), String> {
     ACTIVE.with(|cell| {
         let mut active = cell.borrow_mut();
         let old = active.take();
+        ANY.store(!policy.is_empty(), Ordering::Relaxed);
         if policy.is_empty() {
             return;
         }
@@ -160,13 +167,28 @@ pub fn totals() -> (usize, u64, u64) {
 /// Holds a client's request on `key` to the key's namespace: `Err(POLICY ...)` when a
 /// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
 /// in `warn` mode would have.
-pub fn admit(ctx: &Context, key: &[u8], asked: &Asked) -> Result<(), LockError> {
-    judged(ctx, key, |namespace| namespace.check(asked))
+pub fn admit(
+    ctx: &Context,
+    key: &RedisString,
+    asked: impl FnOnce() -> Asked,
+) -> Result<(), LockError> {
+    if !ANY.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    judged(ctx, key.as_slice(), |namespace| namespace.check(&asked()))
+}
+
+/// True while some namespace is defined (a request with none is never looked at further).
+pub fn any() -> bool {
+    ANY.load(Ordering::Relaxed)
 }
 
 /// [`admit`] for a request about to queue on `key` behind `queued` others (`max-waiters`).
-pub fn admit_queued(ctx: &Context, key: &[u8], queued: usize) -> Result<(), LockError> {
-    judged(ctx, key, |namespace| {
+pub fn admit_queued(ctx: &Context, key: &RedisString, queued: usize) -> Result<(), LockError> {
+    if !ANY.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    judged(ctx, key.as_slice(), |namespace| {
         namespace.check_queue(u64::try_from(queued).unwrap_or(u64::MAX))
     })
 }
@@ -176,7 +198,7 @@ fn judged(
     key: &[u8],
     check: impl FnOnce(&Namespace) -> Option<Violation>,
 ) -> Result<(), LockError> {
-    if is_replayed(ctx) {
+    if !ANY.load(Ordering::Relaxed) || is_replayed(ctx) {
         return Ok(());
     }
     ACTIVE.with(|cell| {
@@ -253,10 +275,13 @@ fn warn_line(ctx: &Context, at: usize, namespace: &Namespace, rule: usize, detai
 }
 
 /// The lock-delay the key's namespace gives a grant that names none, in a namespace not `off`.
-pub fn lock_delay(key: &[u8]) -> Option<u64> {
+pub fn lock_delay(key: &RedisString) -> Option<u64> {
+    if !ANY.load(Ordering::Relaxed) {
+        return None;
+    }
     ACTIVE.with(|cell| {
         let active = cell.borrow();
-        let (namespace, _) = active.as_ref()?.policy.namespace_of(key)?;
+        let (namespace, _) = active.as_ref()?.policy.namespace_of(key.as_slice())?;
         (namespace.mode != Enforcement::Off)
             .then_some(namespace.rules.lock_delay)
             .flatten()
