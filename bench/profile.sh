@@ -11,6 +11,7 @@
 #   bench/profile.sh expire             # REQUESTS leases running out together, with
 #                                       # notify-keyspace-events Ed and a subscriber
 #
+# NAMESPACES="..." runs it under that lock.namespaces policy.
 # REQUESTS (default 20000) and PIPELINE (default 16) size the run; CACHE_SIM=1 also simulates
 # the caches (D1/LL misses per function: where time goes beyond instruction counts). The full
 # callgrind output stays in target/bench/profile/<row>.callgrind for callgrind_annotate.
@@ -70,6 +71,8 @@ cli() { redis-cli -p "$port" "$@"; }
 for _ in $(seq 200); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
 cli ping >/dev/null
 
+# NAMESPACES: a lock.namespaces policy to run under (what the namespaces cost a request).
+[[ -n ${NAMESPACES:-} ]] && cli config set lock.namespaces "$NAMESPACES" >/dev/null
 release_sha=$(cli script load "$release_lua")
 renew_sha=$(cli script load "$renew_lua")
 case "$preload" in

@@ -255,6 +255,65 @@ impl Namespace {
 pub struct Policy {
     namespaces: Vec<Namespace>,
     canonical: String,
+    /// Every prefix, byte by byte: a key's namespace in one walk along its first bytes.
+    prefixes: Trie,
+    /// The position of the `default` namespace, if there is one.
+    default: Option<usize>,
+}
+
+/// Prefixes in a trie: each node's children by byte (sorted), and the namespace whose prefix
+/// ends there. Looking a key up walks at most the longest prefix's length.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Trie {
+    nodes: Vec<TrieNode>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TrieNode {
+    children: Vec<(u8, u32)>,
+    namespace: Option<u32>,
+}
+
+impl Trie {
+    fn insert(&mut self, prefix: &[u8], namespace: usize) {
+        if self.nodes.is_empty() {
+            self.nodes.push(TrieNode::default());
+        }
+        let mut at = 0;
+        for byte in prefix {
+            let next = u32::try_from(self.nodes.len()).unwrap_or(u32::MAX);
+            let Some(node) = self.nodes.get_mut(at) else {
+                return;
+            };
+            at = match node.children.binary_search_by_key(byte, |(b, _)| *b) {
+                Ok(found) => node.children[found].1 as usize,
+                Err(slot) => {
+                    node.children.insert(slot, (*byte, next));
+                    self.nodes.push(TrieNode::default());
+                    next as usize
+                }
+            };
+        }
+        if let Some(node) = self.nodes.get_mut(at) {
+            node.namespace = u32::try_from(namespace).ok();
+        }
+    }
+
+    /// The namespace of the longest prefix `key` starts with, and that prefix's length.
+    fn longest(&self, key: &[u8]) -> Option<(usize, usize)> {
+        let mut node = self.nodes.first()?;
+        let mut best = None;
+        for (depth, byte) in key.iter().enumerate() {
+            let Ok(found) = node.children.binary_search_by_key(byte, |(b, _)| *b) else {
+                break;
+            };
+            node = self.nodes.get(node.children[found].1 as usize)?;
+            if let Some(namespace) = node.namespace {
+                best = Some((namespace as usize, depth + 1));
+            }
+        }
+        best
+    }
 }
 
 impl Policy {
@@ -273,29 +332,16 @@ impl Policy {
     }
 
     /// The namespace of `key`, and the prefix that put it there (`None` for `default`).
-    pub fn namespace_of(&self, key: &[u8]) -> Option<(&Namespace, Option<&[u8]>)> {
+    pub fn namespace_of<'k>(&self, key: &'k [u8]) -> Option<(&Namespace, Option<&'k [u8]>)> {
         let (at, prefix) = self.position_of(key)?;
         Some((self.namespaces.get(at)?, prefix))
     }
 
     /// [`Policy::namespace_of`] as the namespace's position in the policy.
-    pub fn position_of(&self, key: &[u8]) -> Option<(usize, Option<&[u8]>)> {
-        let mut best: Option<(usize, &[u8])> = None;
-        for (at, namespace) in self.namespaces.iter().enumerate() {
-            for prefix in &namespace.prefixes {
-                let longer = best.is_none_or(|(_, b)| prefix.len() > b.len());
-                if longer && key.starts_with(prefix) {
-                    best = Some((at, prefix));
-                }
-            }
-        }
-        match best {
-            Some((at, prefix)) => Some((at, Some(prefix))),
-            None => self
-                .namespaces
-                .iter()
-                .position(|n| n.name == DEFAULT)
-                .map(|at| (at, None)),
+    pub fn position_of<'k>(&self, key: &'k [u8]) -> Option<(usize, Option<&'k [u8]>)> {
+        match self.prefixes.longest(key) {
+            Some((at, len)) => Some((at, key.get(..len))),
+            None => self.default.map(|at| (at, None)),
         }
     }
 
@@ -330,9 +376,18 @@ impl Policy {
             .map(canonical_namespace)
             .collect::<Vec<_>>()
             .join("; ");
+        let mut prefixes = Trie::default();
+        for (at, namespace) in namespaces.iter().enumerate() {
+            for prefix in &namespace.prefixes {
+                prefixes.insert(prefix, at);
+            }
+        }
+        let default = namespaces.iter().position(|n| n.name == DEFAULT);
         Ok(Policy {
             namespaces,
             canonical,
+            prefixes,
+            default,
         })
     }
 }
@@ -557,6 +612,14 @@ mod tests {
         let name = |key: &[u8]| policy.namespace_of(key).map(|(n, _)| n.name.as_str());
         assert_eq!(name(b"orders:eu:42"), Some("orders-eu"));
         assert_eq!(name(b"orders:us:42"), Some("orders"));
+        // Nested prefixes: the longest the key starts with, a whole key included.
+        let nested = Policy::parse("a prefix=a; ab prefix=ab; abc prefix=abc").unwrap();
+        let name = |key: &[u8]| nested.namespace_of(key).map(|(n, p)| (n.name.as_str(), p));
+        assert_eq!(name(b"abd"), Some(("ab", Some(&b"ab"[..]))));
+        assert_eq!(name(b"abc"), Some(("abc", Some(&b"abc"[..]))));
+        assert_eq!(name(b"a"), Some(("a", Some(&b"a"[..]))));
+        assert_eq!(name(b"b"), None);
+        assert_eq!(name(b""), None);
         // A key no prefix matches is in `default` when there is one.
         let policy = Policy::parse("default max-ttl=60000; a prefix=a:").unwrap();
         let (namespace, prefix) = policy.namespace_of(b"b:1").unwrap();

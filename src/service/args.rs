@@ -9,7 +9,6 @@ use crate::host::server::{in_script, is_replayed, parse_integer};
 use crate::lock::core::{valid_label, Mode, TokenDigest, MAX_HOLDERS, MAX_LABEL_LEN};
 use crate::lock::queues::SyncRequest;
 use crate::policy::{Asked, Kind};
-use crate::service::policy;
 
 /// The longest wait a client may ask for (about 1,100 years): beyond it Redis' deadline
 /// arithmetic would overflow. 0 means no limit.
@@ -233,14 +232,15 @@ fn label(arg: &RedisString) -> Result<Box<[u8]>, LockError> {
 }
 
 impl AcquireOptions {
-    /// The lock-delay of a grant of `key`: the option, or the default of the key's namespace
-    /// (see `crate::policy`), or `lock.lock-delay`; none for shared holds and permits.
-    pub fn delay(&self, key: &RedisString) -> u64 {
+    /// The lock-delay of a grant: the option, or `namespace`'s default (the key's namespace
+    /// gives it: see `service::policy::admit`), or `lock.lock-delay`; none for shared holds
+    /// and permits.
+    pub fn delay(&self, namespace: Option<u64>) -> u64 {
         if self.mode() != Mode::Exclusive {
             return 0;
         }
         self.lock_delay
-            .or_else(|| policy::lock_delay(key))
+            .or(namespace)
             .unwrap_or_else(|| u64::try_from(config::LOCK_DELAY.get()).unwrap_or(0))
     }
 

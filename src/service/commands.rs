@@ -158,7 +158,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     check_sync(ctx, options.sync)?;
     args::check_session(ctx, options.session)?;
     waiters::check_may_queue(ctx, options.wait)?;
-    policy::admit(ctx, key_name, || options.asked(ttl))?;
+    let namespace_delay = policy::admit(ctx, key_name, || options.asked(ttl))?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -170,7 +170,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         ttl,
         reentrant: options.reentrant,
         session: options.session,
-        delay: options.delay(key_name),
+        delay: options.delay(namespace_delay),
         mode: options.mode(),
         provisional: options.sync.is_some_and(|s| s.waits()),
         client,

@@ -142,18 +142,18 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
     args::check_session(ctx, options.session)?;
-    if policy::any() {
+    // One lock-delay for every key: the longest any key's namespace (or the config) gives.
+    let delay = if policy::any() {
         let asked = options.asked(ttl);
+        let mut longest = 0;
         for key in keys {
-            policy::admit(ctx, key, || asked)?;
+            let namespace_delay = policy::admit(ctx, key, || asked)?;
+            longest = longest.max(options.delay(namespace_delay));
         }
-    }
-    // One lock-delay for every key: the longest any of their namespaces gives.
-    let delay = keys
-        .iter()
-        .map(|key| options.delay(key))
-        .max()
-        .unwrap_or_default();
+        longest
+    } else {
+        options.delay(None)
+    };
     let now = now_ms();
     let client = caller_id(ctx);
     let connection = recorded_connection(connection_of(ctx, client));

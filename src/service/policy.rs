@@ -166,14 +166,15 @@ pub fn totals() -> (usize, u64, u64) {
 
 /// Holds a client's request on `key` to the key's namespace: `Err(POLICY ...)` when a
 /// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
-/// in `warn` mode would have.
+/// in `warn` mode would have. Answers the namespace's lock-delay default for the grant (in a
+/// namespace not `off`).
 pub fn admit(
     ctx: &Context,
     key: &RedisString,
     asked: impl FnOnce() -> Asked,
-) -> Result<(), LockError> {
+) -> Result<Option<u64>, LockError> {
     if !ANY.load(Ordering::Relaxed) {
-        return Ok(());
+        return Ok(None);
     }
     judged(ctx, key.as_slice(), |namespace| namespace.check(&asked()))
 }
@@ -191,32 +192,34 @@ pub fn admit_queued(ctx: &Context, key: &RedisString, queued: usize) -> Result<(
     judged(ctx, key.as_slice(), |namespace| {
         namespace.check_queue(u64::try_from(queued).unwrap_or(u64::MAX))
     })
+    .map(|_| ())
 }
 
 fn judged(
     ctx: &Context,
     key: &[u8],
     check: impl FnOnce(&Namespace) -> Option<Violation>,
-) -> Result<(), LockError> {
-    if !ANY.load(Ordering::Relaxed) || is_replayed(ctx) {
-        return Ok(());
+) -> Result<Option<u64>, LockError> {
+    if is_replayed(ctx) {
+        return Ok(None);
     }
     ACTIVE.with(|cell| {
         let mut active = cell.borrow_mut();
         let Some(active) = active.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let Some((at, _)) = active.policy.position_of(key) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(namespace) = active.policy.namespaces().get(at) else {
-            return Ok(());
+            return Ok(None);
         };
         if namespace.mode == Enforcement::Off {
-            return Ok(());
+            return Ok(None);
         }
+        let lock_delay = namespace.rules.lock_delay;
         let Some(violation) = check(namespace) else {
-            return Ok(());
+            return Ok(lock_delay);
         };
         let rule = RULES.iter().position(|r| *r == violation.rule).unwrap_or(0);
         let counts = active.counts.get_mut(at);
@@ -237,7 +240,7 @@ fn judged(
                 }
                 TOTALS.with(|totals| totals.borrow_mut().1 += 1);
                 warn_line(ctx, at, namespace, rule, &violation.detail);
-                Ok(())
+                Ok(lock_delay)
             }
         }
     })
@@ -272,20 +275,6 @@ fn warn_line(ctx: &Context, at: usize, namespace: &Namespace, rule: usize, detai
             namespace.name
         ));
     }
-}
-
-/// The lock-delay the key's namespace gives a grant that names none, in a namespace not `off`.
-pub fn lock_delay(key: &RedisString) -> Option<u64> {
-    if !ANY.load(Ordering::Relaxed) {
-        return None;
-    }
-    ACTIVE.with(|cell| {
-        let active = cell.borrow();
-        let (namespace, _) = active.as_ref()?.policy.namespace_of(key.as_slice())?;
-        (namespace.mode != Enforcement::Off)
-            .then_some(namespace.rules.lock_delay)
-            .flatten()
-    })
 }
 
 /// Runs `f` with the policy in force and the counts of its namespaces (`None` without one).
