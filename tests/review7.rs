@@ -419,3 +419,45 @@ fn a_refused_macquire_is_not_counted_as_let_through_by_a_warn_namespace() {
         "a refused request counted as let through"
     );
 }
+
+/// PASSES (pins max-waiters on LOCK.MACQUIRE with WAIT, which the README's table lists and no
+/// other test covers: a MACQUIRE that would queue on a full key is refused whole, queues
+/// nothing, and the queued one is served).
+#[test]
+fn max_waiters_caps_a_macquire_queue_too() {
+    let server = Server::start_with(with_policy("q prefix=q: mode=enforce max-waiters=1"));
+    let mut c = server.conn();
+    assert!(c.call(&["LOCK.ACQUIRE", "q:1", "holder", "60000"]).is_int());
+    let mut waiter = server.conn();
+    waiter.send(&[
+        "LOCK.MACQUIRE",
+        "2",
+        "q:1",
+        "x:1",
+        "w1",
+        "60000",
+        "WAIT",
+        "5000",
+    ]);
+    wait_for("the first waiter queued", || {
+        (info_number(&server, "lock_waiters") == 1).then_some(())
+    });
+    assert_eq!(
+        c.call(&[
+            "LOCK.MACQUIRE",
+            "2",
+            "x:2",
+            "q:1",
+            "w2",
+            "60000",
+            "WAIT",
+            "5000"
+        ]),
+        Reply::error("POLICY q: 1 waiters queued on the key, the namespace's max-waiters 1")
+    );
+    assert_eq!(info_number(&server, "lock_waiters"), 1);
+    assert_eq!(c.call(&["EXISTS", "x:2"]), Reply::Int(0));
+    assert_eq!(c.call(&["LOCK.RELEASE", "q:1", "holder"]), Reply::Int(1));
+    let granted = waiter.read();
+    assert_eq!(granted.items().len(), 2, "{granted:?}");
+}
