@@ -766,6 +766,15 @@ mod tests {
         assert!(Policy::parse("").unwrap().is_empty());
     }
 
+    /// Review 7. FAILS: `mode=` is the one setting not refused when given twice
+    /// (`seen = false`): `mode=enforce mode=off` is accepted and the last wins, silently
+    /// turning a namespace off, though the README says "each setting once".
+    #[test]
+    fn review7_mode_given_twice_is_refused() {
+        let twice = Policy::parse("o prefix=o: mode=enforce max-ttl=5 mode=off");
+        assert_eq!(twice, Err("o: mode=off: given twice".to_string()));
+    }
+
     #[test]
     fn a_malformed_policy_is_refused_with_its_reason() {
         for (text, error) in [
