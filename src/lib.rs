@@ -20,7 +20,6 @@ pub mod error;
 pub mod host;
 pub mod lock;
 pub mod metrics;
-#[allow(dead_code)] // The model of issue 35, not yet wired to a command.
 pub mod policy;
 pub mod service;
 
@@ -375,6 +374,12 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     // Set from redis.conf, the command line or CONFIG SET: RM_LoadConfigs applies a given one.
     host::config::register_string(ctx, &service::policy::CONFIG, "")?;
     host::config::load(ctx)?;
+    if service::policy::any() {
+        service::policy::log_policy(&format!(
+            "loaded with lock.namespaces of digest '{}'",
+            service::policy::digest()
+        ));
+    }
     host::config::on_change(service::audit::config_changed);
     let config_callers = host::audit::watch_config_calls(ctx);
     let category = host::command::add_acl_category(ctx, ACL_CATEGORY);

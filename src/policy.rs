@@ -1,5 +1,6 @@
 //! Lock namespaces: the policy an ops team writes once per kind of lock, which the server then
-//! holds every client to (issue 35; this file is the model alone, not yet wired to a command).
+//! holds every client to. This is the model (parse, match, check); `service::policy` puts it in
+//! force.
 //!
 //! A policy is the text of one config, `lock.namespaces`: namespace definitions separated by
 //! `;`, each a name followed by `word=value` settings, for example
@@ -20,8 +21,8 @@
 //! - **Defaults** fill in what a request omits and never change what a reply means to a client
 //!   that did not ask: `lock-delay=ms`.
 //! - **Mode:** `enforce` refuses a request that breaks a requirement with an error naming the
-//!   namespace and the rule; `warn` grants it as if there were no policy and counts it; `off`
-//!   (the default) does neither. Defaults apply in every mode but `off`.
+//!   namespace and the rule, and gives its defaults; `warn` grants it as if there were no
+//!   policy and counts it; `off` (the default) does neither.
 //!
 //! Bounds: at most [`MAX_NAMESPACES`] namespaces of [`MAX_PREFIXES`] prefixes each, names of
 //! at most [`MAX_NAME_LEN`] bytes (`a-z`, `0-9`, `-`, `_`), prefixes of at most
@@ -362,7 +363,7 @@ impl Policy {
                     return Err(format!(
                         "namespaces {} and {name} share the prefix {}",
                         other.name,
-                        String::from_utf8_lossy(prefix)
+                        shown(&String::from_utf8_lossy(prefix))
                     ));
                 }
             }
@@ -392,6 +393,28 @@ impl Policy {
     }
 }
 
+/// A word of the policy as an error message echoes it: printable ASCII as is, any other byte as
+/// `\xNN`, at most [`SHOWN_LEN`] characters (then `...`): Redis keeps 256 bytes of a CONFIG SET
+/// error and stops at a NUL, and the reason must survive.
+fn shown(word: &str) -> String {
+    let mut out = String::new();
+    for byte in word.bytes() {
+        if out.len() >= SHOWN_LEN {
+            out.push_str("...");
+            break;
+        }
+        if byte.is_ascii_graphic() || byte == b' ' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    out
+}
+
+/// How much of a word an error message echoes.
+const SHOWN_LEN: usize = 40;
+
 fn parse_namespace<'a>(
     name: &str,
     words: impl Iterator<Item = &'a str>,
@@ -403,7 +426,8 @@ fn parse_namespace<'a>(
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
     if !valid_name {
         return Err(format!(
-            "namespace name '{name}': 1 to {MAX_NAME_LEN} of a-z, 0-9, - and _"
+            "namespace name '{}': 1 to {MAX_NAME_LEN} of a-z, 0-9, - and _",
+            shown(name)
         ));
     }
     let mut namespace = Namespace {
@@ -413,11 +437,12 @@ fn parse_namespace<'a>(
         rules: Rules::default(),
     };
     let rules = &mut namespace.rules;
+    let mut mode_given = None;
     for word in words {
         let Some((setting, value)) = word.split_once('=') else {
-            return Err(format!("{name}: '{word}' is not setting=value"));
+            return Err(format!("{name}: '{}' is not setting=value", shown(word)));
         };
-        let bad = |what: &str| format!("{name}: {setting}={value}: {what}");
+        let bad = |what: &str| format!("{name}: {}={}: {what}", shown(setting), shown(value));
         let ms = || -> Result<u64, String> {
             value
                 .parse::<u64>()
@@ -454,13 +479,13 @@ fn parse_namespace<'a>(
                 false
             }
             "mode" => {
-                namespace.mode = match value {
+                let mode = match value {
                     "enforce" => Enforcement::Enforce,
                     "warn" => Enforcement::Warn,
                     "off" => Enforcement::Off,
                     _ => return Err(bad("enforce, warn or off")),
                 };
-                false
+                mode_given.replace(mode).is_some()
             }
             "min-ttl" => rules.min_ttl.replace(ms()?).is_some(),
             "max-ttl" => rules.max_ttl.replace(ms()?).is_some(),
@@ -506,12 +531,13 @@ fn parse_namespace<'a>(
                 }
                 rules.modes.replace(set).is_some()
             }
-            _ => return Err(format!("{name}: unknown setting '{setting}'")),
+            _ => return Err(format!("{name}: unknown setting '{}'", shown(setting))),
         };
         if seen {
             return Err(bad("given twice"));
         }
     }
+    namespace.mode = mode_given.unwrap_or_default();
     if namespace.prefixes.is_empty() && name != DEFAULT {
         return Err(format!("{name}: a prefix= is required"));
     }
@@ -614,10 +640,10 @@ mod tests {
         assert_eq!(name(b"orders:us:42"), Some("orders"));
         // Nested prefixes: the longest the key starts with, a whole key included.
         let nested = Policy::parse("a prefix=a; ab prefix=ab; abc prefix=abc").unwrap();
-        let name = |key: &[u8]| nested.namespace_of(key).map(|(n, p)| (n.name.as_str(), p));
-        assert_eq!(name(b"abd"), Some(("ab", Some(&b"ab"[..]))));
-        assert_eq!(name(b"abc"), Some(("abc", Some(&b"abc"[..]))));
-        assert_eq!(name(b"a"), Some(("a", Some(&b"a"[..]))));
+        let name = |key: &'static [u8]| nested.namespace_of(key).map(|(n, p)| (n.name.clone(), p));
+        assert_eq!(name(b"abd"), Some(("ab".into(), Some(&b"ab"[..]))));
+        assert_eq!(name(b"abc"), Some(("abc".into(), Some(&b"abc"[..]))));
+        assert_eq!(name(b"a"), Some(("a".into(), Some(&b"a"[..]))));
         assert_eq!(name(b"b"), None);
         assert_eq!(name(b""), None);
         // A key no prefix matches is in `default` when there is one.
@@ -769,6 +795,22 @@ mod tests {
     /// Review 7. FAILS: `mode=` is the one setting not refused when given twice
     /// (`seen = false`): `mode=enforce mode=off` is accepted and the last wins, silently
     /// turning a namespace off, though the README says "each setting once".
+    #[test]
+    fn an_error_echoes_a_bounded_printable_word_and_keeps_its_reason() {
+        let long = "n".repeat(300);
+        assert_eq!(
+            Policy::parse(&long),
+            Err(format!(
+                "namespace name '{}...': 1 to 32 of a-z, 0-9, - and _",
+                "n".repeat(40)
+            ))
+        );
+        assert_eq!(
+            Policy::parse("o prefix=o: max-ttl=1\u{0}2"),
+            Err("o: max-ttl=1\\x002: ms from 1 to 31536000000".to_string())
+        );
+    }
+
     #[test]
     fn review7_mode_given_twice_is_refused() {
         let twice = Policy::parse("o prefix=o: mode=enforce max-ttl=5 mode=off");

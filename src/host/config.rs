@@ -93,11 +93,13 @@ extern "C" fn set(
     OK
 }
 
-/// A string config: the service checks and applies a new text (the error is CONFIG SET's
-/// reply, or the reason a load is refused) and says what CONFIG GET shows.
+/// A string config: `set` checks a new text (the error is CONFIG SET's reply, or the reason a
+/// load is refused), `apply` puts the last one set in force once the server applies the
+/// CONFIG SET (never, when another of its parameters failed), `text` is what CONFIG GET shows.
 pub struct StringConfig {
     pub name: &'static str,
-    pub apply: fn(&[u8]) -> Result<(), String>,
+    pub set: fn(&[u8]) -> Result<(), String>,
+    pub apply: fn() -> Result<(), String>,
     pub text: fn() -> String,
 }
 
@@ -121,7 +123,7 @@ pub fn register_string(
             raw::REDISMODULE_CONFIG_DEFAULT,
             Some(get_string),
             Some(set_string),
-            None,
+            Some(apply_string),
             ptr::from_ref(config).cast_mut().cast(),
         )
     };
@@ -160,8 +162,23 @@ extern "C" fn set_string(
     // SAFETY: as in `get_string`; `value` is a live string for the call.
     let config = unsafe { &*privdata.cast::<StringConfig>() };
     let bytes = redis_module::RedisString::string_as_slice(value).to_vec();
-    let outcome =
-        crate::host::guarded(Err("internal error".to_string()), || (config.apply)(&bytes));
+    let outcome = crate::host::guarded(Err("internal error".to_string()), || (config.set)(&bytes));
+    answer(outcome, err)
+}
+
+extern "C" fn apply_string(
+    _ctx: *mut raw::RedisModuleCtx,
+    privdata: *mut c_void,
+    err: *mut *mut raw::RedisModuleString,
+) -> c_int {
+    // SAFETY: as in `get_string`.
+    let config = unsafe { &*privdata.cast::<StringConfig>() };
+    let outcome = crate::host::guarded(Err("internal error".to_string()), || (config.apply)());
+    answer(outcome, err)
+}
+
+/// A config callback's answer: OK, or ERR with the message handed to the server in `err`.
+fn answer(outcome: Result<(), String>, err: *mut *mut raw::RedisModuleString) -> c_int {
     match outcome {
         Ok(()) => OK,
         Err(message) => {
@@ -170,7 +187,7 @@ extern "C" fn set_string(
                     ptr::null_mut(),
                     message.as_bytes(),
                 );
-                // SAFETY: Redis takes the error string and frees it.
+                // SAFETY: `err` is the server's out-parameter; it takes the string and frees it.
                 unsafe { *err = error.inner };
                 std::mem::forget(error);
             }

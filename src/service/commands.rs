@@ -30,7 +30,7 @@ use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
 use crate::service::multi::{self, macquire, mrelease};
-use crate::service::policy;
+use crate::service::policy::{self, Judging};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
@@ -158,7 +158,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     check_sync(ctx, options.sync)?;
     args::check_session(ctx, options.session)?;
     waiters::check_may_queue(ctx, options.wait)?;
-    let namespace_delay = policy::admit(ctx, key_name, || options.asked(ttl))?;
+    let namespace_delay = policy::admit(ctx, key_name, Judging::All, || options.asked(ttl))?;
     let now = now_ms();
     let key = ctx.open_key_writable(key_name);
     let client = caller_id(ctx);
@@ -248,7 +248,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                     if i64::try_from(queued).map_or(true, |n| n >= max) {
                         return Err(LockError::TooManyWaiters { max });
                     }
-                    policy::admit_queued(ctx, key_name, queued)?;
+                    policy::admit_queued(ctx, key_name, Judging::All, queued)?;
                     let request = Request {
                         token,
                         ttl,
@@ -291,7 +291,7 @@ fn renew(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let ttl = args::ttl(ctx, ttl)?;
     let sync = args::renew_options(options, 4)?;
     check_sync(ctx, sync)?;
-    policy::admit(ctx, key_name, || Asked {
+    policy::admit(ctx, key_name, Judging::All, || Asked {
         ttl,
         renewal: true,
         ..Asked::default()

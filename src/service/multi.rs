@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{expire_overdue, grant_key, release_key};
 use crate::service::handoff::{self, fence_reply};
-use crate::service::policy;
+use crate::service::policy::{self, Judging};
 use crate::service::value::in_key_mut;
 use crate::service::waiters;
 
@@ -142,13 +142,18 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     refuse_unsupported(&options)?;
     waiters::check_may_queue(ctx, options.wait)?;
     args::check_session(ctx, options.session)?;
-    // One lock-delay for every key: the longest any key's namespace (or the config) gives.
+    // Every key's namespace in `enforce` mode first, then (none refused) those in `warn`: a
+    // refused call counts no warning. One lock-delay for every key: the longest any key's
+    // namespace (or the config) gives.
     let delay = if policy::any() {
         let asked = options.asked(ttl);
         let mut longest = 0;
         for key in keys {
-            let namespace_delay = policy::admit(ctx, key, || asked)?;
+            let namespace_delay = policy::admit(ctx, key, Judging::EnforceOnly, || asked)?;
             longest = longest.max(options.delay(namespace_delay));
+        }
+        for key in keys {
+            policy::admit(ctx, key, Judging::WarnOnly, || asked)?;
         }
         longest
     } else {
@@ -196,13 +201,18 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             return Ok(RedisValue::Null);
         };
         let max = crate::config::MAX_WAITERS.get();
+        let mut queues = Vec::with_capacity(keys.len());
         for name in keys {
             let (db, key) = waiters::key_ref(ctx, name);
             let queued = waiters::queues().acquirers_on(db, &key);
             if i64::try_from(queued).map_or(true, |n| n >= max) {
                 return Err(LockError::TooManyWaiters { max });
             }
-            policy::admit_queued(ctx, name, queued)?;
+            policy::admit_queued(ctx, name, Judging::EnforceOnly, queued)?;
+            queues.push(queued);
+        }
+        for (name, queued) in keys.iter().zip(queues) {
+            policy::admit_queued(ctx, name, Judging::WarnOnly, queued)?;
         }
         let queued = queues::Request {
             token,

@@ -42,88 +42,136 @@ pub struct Counts {
     pub warned: [u64; RULES.len()],
 }
 
-struct Active {
-    policy: Policy,
-    /// Per namespace, in the policy's order.
-    counts: Vec<Counts>,
-}
-
 /// How long a client's warnings of one rule in one namespace stay silent after an audit line.
 const WARN_LINE_EVERY_MS: u64 = 60_000;
-/// The most (client, namespace, rule) triples remembered for that; beyond, the memory is reset.
+/// The most warn lines a minute, all clients together; beyond, they are counted and one line
+/// a minute says how many were left out.
+const WARN_LINES_A_MINUTE: u64 = 100;
+/// The most (client, namespace, rule) triples remembered for the per-client rate; when full,
+/// the ones older than a minute go, and a new one beyond is left out like a line over the
+/// minute's budget.
 const WARN_LINES_KEPT: usize = 4096;
+/// The most namespace names whose counts are kept (those of the policy in force always are).
+const COUNTS_KEPT: usize = 1024;
+/// The longest audit line the module writes: the server cuts a module's log line at 1024
+/// bytes.
+const AUDIT_LINE_LEN: usize = 900;
 
 /// True while a policy with at least one namespace is in force: the one thing a request looks
 /// at when there is none (a plain load; the thread-local cells below cost a call each in a
 /// shared library).
 static ANY: AtomicBool = AtomicBool::new(false);
 
+/// The rate of warn lines: the minute's start, lines written in it, lines left out of it.
+#[derive(Default)]
+struct WarnLines {
+    last: HashMap<(u64, String, usize), u64>,
+    minute: u64,
+    written: u64,
+    left_out: u64,
+}
+
 thread_local! {
     /// The policy in force; `None` with no namespace.
-    static ACTIVE: RefCell<Option<Active>> = const { RefCell::new(None) };
-    /// When each (client, namespace, rule) last had its audit line.
-    static WARN_LINES: RefCell<HashMap<(u64, usize, usize), u64>> = RefCell::new(HashMap::new());
-    /// What every namespace ever defined since load refused and warned about, in all: the
-    /// INFO totals keep counting when a policy is replaced.
+    static ACTIVE: RefCell<Option<Policy>> = const { RefCell::new(None) };
+    /// A policy CONFIG SET checked, waiting for the server to apply it (a CONFIG SET of several
+    /// parameters applies none when one fails).
+    static PENDING: RefCell<Option<Policy>> = const { RefCell::new(None) };
+    /// What each namespace refused and warned about since the module loaded, by name: a name
+    /// keeps its counts when the policy is replaced, or it is removed and comes back.
+    static COUNTS: RefCell<HashMap<String, Counts>> = RefCell::new(HashMap::new());
+    static WARN_LINES: RefCell<WarnLines> = RefCell::new(WarnLines::default());
+    /// What every namespace refused and warned about, in all, since the module loaded.
     static TOTALS: RefCell<(u64, u64)> = const { RefCell::new((0, 0)) };
 }
 
-/// Puts the policy `text` in force (CONFIG SET, or the value given at load), keeping each namespace's counts
-/// by name. The error says what is wrong; nothing changes then.
-pub fn apply(text: &[u8]) -> Result<(), String> {
+/// Parses a policy's text; the error says what is wrong.
+fn parse(text: &[u8]) -> Result<Policy, String> {
     let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;
-    let policy = Policy::parse(text)?;
-    ACTIVE.with(|cell| {
-        let mut active = cell.borrow_mut();
-        let old = active.take();
-        ANY.store(!policy.is_empty(), Ordering::Relaxed);
-        if policy.is_empty() {
-            return;
+    Policy::parse(text)
+}
+
+/// Puts `policy` in force.
+fn install(policy: Policy) {
+    ANY.store(!policy.is_empty(), Ordering::Relaxed);
+    COUNTS.with(|counts| {
+        let mut counts = counts.borrow_mut();
+        if counts.len() > COUNTS_KEPT {
+            counts.retain(|name, _| policy.namespaces().iter().any(|n| n.name == *name));
         }
-        let counts = policy
-            .namespaces()
-            .iter()
-            .map(|namespace| {
-                old.as_ref()
-                    .and_then(|old| {
-                        let at = old
-                            .policy
-                            .namespaces()
-                            .iter()
-                            .position(|n| n.name == namespace.name)?;
-                        old.counts.get(at).copied()
-                    })
-                    .unwrap_or_default()
-            })
-            .collect();
-        *active = Some(Active { policy, counts });
     });
-    WARN_LINES.with(|lines| lines.borrow_mut().clear());
+    ACTIVE.with(|cell| *cell.borrow_mut() = (!policy.is_empty()).then_some(policy));
+}
+
+/// Puts the policy `text` in force at once (the value given at load, and tests). The error
+/// says what is wrong; nothing changes then.
+pub fn apply(text: &[u8]) -> Result<(), String> {
+    install(parse(text)?);
     Ok(())
 }
 
-/// `lock.namespaces` as a config: applies the text, and after the load logs the change with
-/// who made it.
+/// `lock.namespaces` as a config. At load the value given is put in force when it is set;
+/// afterwards CONFIG SET only checks it, and the server's apply step puts it in force and the
+/// change is logged with who made it (a CONFIG SET that fails on another parameter applies
+/// nothing and logs nothing).
 pub static CONFIG: StringConfig = StringConfig {
     name: config::NAMESPACES,
-    apply: |text| {
-        let before = digest();
-        apply(text)?;
+    set: |text| {
+        let policy = parse(text)?;
         if host_config::loaded() {
-            let by = config_caller(config::NAMESPACES)
-                .unwrap_or_else(|| "a client this server does not name to modules".to_string());
-            let (namespaces, _, _) = totals();
-            log_notice(&format!(
-                "lock audit: CONFIG SET lock.namespaces from digest '{before}' to digest '{}' \
-                 ({namespaces} namespaces: '{}') by {by}",
-                digest(),
-                text_of_policy()
-            ));
+            PENDING.with(|pending| *pending.borrow_mut() = Some(policy));
+        } else {
+            install(policy);
         }
+        Ok(())
+    },
+    apply: || {
+        let Some(policy) = PENDING.with(|pending| pending.borrow_mut().take()) else {
+            return Ok(());
+        };
+        let before = digest();
+        install(policy);
+        let by = config_caller(config::NAMESPACES)
+            .unwrap_or_else(|| "a client this server does not name to modules".to_string());
+        log_policy(&format!(
+            "CONFIG SET lock.namespaces from digest '{before}' to digest '{}' by {by}",
+            digest()
+        ));
         Ok(())
     },
     text: text_of_policy,
 };
+
+/// Logs `what` happened to the policy, then the policy in force, a namespace a line (each cut
+/// to fit a log line), so that a long one is kept whole as far as it can be.
+pub fn log_policy(what: &str) {
+    let namespaces = with(|policy| {
+        policy.map_or_else(Vec::new, |policy| {
+            policy.canonical().split("; ").map(str::to_string).collect()
+        })
+    });
+    log_notice(&format!(
+        "lock audit: {what}: {} namespaces",
+        namespaces.len()
+    ));
+    let count = namespaces.len();
+    for (at, namespace) in namespaces.into_iter().enumerate() {
+        let mut line = format!(
+            "lock audit: lock.namespaces {}/{count}: {namespace}",
+            at + 1
+        );
+        if line.len() > AUDIT_LINE_LEN {
+            let cut = (0..=AUDIT_LINE_LEN)
+                .rev()
+                .find(|&i| line.is_char_boundary(i))
+                .unwrap_or(0);
+            let more = line.len() - cut;
+            line.truncate(cut);
+            line.push_str(&format!("... ({more} more bytes)"));
+        }
+        log_notice(&line);
+    }
+}
 
 fn text_of_policy() -> String {
     text()
@@ -131,10 +179,9 @@ fn text_of_policy() -> String {
 
 /// The policy in force in its canonical form (CONFIG GET).
 pub fn text() -> String {
-    ACTIVE.with(|cell| {
-        cell.borrow()
-            .as_ref()
-            .map(|active| active.policy.canonical().to_string())
+    with(|policy| {
+        policy
+            .map(|p| p.canonical().to_string())
             .unwrap_or_default()
     })
 }
@@ -155,28 +202,9 @@ pub fn digest() -> String {
 
 /// The number of namespaces, and what they refused and warned about in all.
 pub fn totals() -> (usize, u64, u64) {
-    let namespaces = ACTIVE.with(|cell| {
-        cell.borrow()
-            .as_ref()
-            .map_or(0, |active| active.policy.namespaces().len())
-    });
+    let namespaces = with(|policy| policy.map_or(0, |p| p.namespaces().len()));
     let (refused, warned) = TOTALS.with(|totals| *totals.borrow());
     (namespaces, refused, warned)
-}
-
-/// Holds a client's request on `key` to the key's namespace: `Err(POLICY ...)` when a
-/// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
-/// in `warn` mode would have. Answers the namespace's lock-delay default for the grant (in a
-/// namespace not `off`).
-pub fn admit(
-    ctx: &Context,
-    key: &RedisString,
-    asked: impl FnOnce() -> Asked,
-) -> Result<Option<u64>, LockError> {
-    if !ANY.load(Ordering::Relaxed) {
-        return Ok(None);
-    }
-    judged(ctx, key.as_slice(), |namespace| namespace.check(&asked()))
 }
 
 /// True while some namespace is defined (a request with none is never looked at further).
@@ -184,12 +212,44 @@ pub fn any() -> bool {
     ANY.load(Ordering::Relaxed)
 }
 
+/// Which namespaces a call judges: a multi-lock call first asks every key's `enforce`
+/// namespace, then, when none refused, the `warn` ones (so a refused call counts no warning).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Judging {
+    All,
+    EnforceOnly,
+    WarnOnly,
+}
+
+/// Holds a client's request on `key` to the key's namespace: `Err(POLICY ...)` when a
+/// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
+/// in `warn` mode would have. Answers the lock-delay default a namespace in `enforce` mode
+/// gives the grant (`warn` changes nothing a client sees).
+pub fn admit(
+    ctx: &Context,
+    key: &RedisString,
+    judging: Judging,
+    asked: impl FnOnce() -> Asked,
+) -> Result<Option<u64>, LockError> {
+    if !ANY.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    judged(ctx, key.as_slice(), judging, |namespace| {
+        namespace.check(&asked())
+    })
+}
+
 /// [`admit`] for a request about to queue on `key` behind `queued` others (`max-waiters`).
-pub fn admit_queued(ctx: &Context, key: &RedisString, queued: usize) -> Result<(), LockError> {
+pub fn admit_queued(
+    ctx: &Context,
+    key: &RedisString,
+    judging: Judging,
+    queued: usize,
+) -> Result<(), LockError> {
     if !ANY.load(Ordering::Relaxed) {
         return Ok(());
     }
-    judged(ctx, key.as_slice(), |namespace| {
+    judged(ctx, key.as_slice(), judging, |namespace| {
         namespace.check_queue(u64::try_from(queued).unwrap_or(u64::MAX))
     })
     .map(|_| ())
@@ -198,71 +258,112 @@ pub fn admit_queued(ctx: &Context, key: &RedisString, queued: usize) -> Result<(
 fn judged(
     ctx: &Context,
     key: &[u8],
+    judging: Judging,
     check: impl FnOnce(&Namespace) -> Option<Violation>,
 ) -> Result<Option<u64>, LockError> {
     if is_replayed(ctx) {
         return Ok(None);
     }
-    ACTIVE.with(|cell| {
-        let mut active = cell.borrow_mut();
-        let Some(active) = active.as_mut() else {
-            return Ok(None);
+    // The verdict, taken with the policy borrowed; counted and logged after.
+    let verdict = with(|policy| {
+        let (at, _) = policy?.position_of(key)?;
+        let namespace = policy?.namespaces().get(at)?;
+        let wanted = match (namespace.mode, judging) {
+            (Enforcement::Off, _) => false,
+            (_, Judging::All) => true,
+            (Enforcement::Enforce, Judging::EnforceOnly) => true,
+            (Enforcement::Warn, Judging::WarnOnly) => true,
+            _ => false,
         };
-        let Some((at, _)) = active.policy.position_of(key) else {
-            return Ok(None);
-        };
-        let Some(namespace) = active.policy.namespaces().get(at) else {
-            return Ok(None);
-        };
-        if namespace.mode == Enforcement::Off {
-            return Ok(None);
+        if !wanted {
+            return None;
         }
-        let lock_delay = namespace.rules.lock_delay;
-        let Some(violation) = check(namespace) else {
-            return Ok(lock_delay);
-        };
-        let rule = RULES.iter().position(|r| *r == violation.rule).unwrap_or(0);
-        let counts = active.counts.get_mut(at);
-        match namespace.mode {
-            Enforcement::Enforce => {
-                if let Some(counts) = counts {
-                    counts.refused[rule] += 1;
-                }
-                TOTALS.with(|totals| totals.borrow_mut().0 += 1);
-                Err(LockError::Policy {
-                    namespace: namespace.name.clone(),
-                    detail: violation.detail,
-                })
-            }
-            Enforcement::Warn | Enforcement::Off => {
-                if let Some(counts) = counts {
-                    counts.warned[rule] += 1;
-                }
-                TOTALS.with(|totals| totals.borrow_mut().1 += 1);
-                warn_line(ctx, at, namespace, rule, &violation.detail);
-                Ok(lock_delay)
-            }
+        let lock_delay = (namespace.mode == Enforcement::Enforce)
+            .then_some(namespace.rules.lock_delay)
+            .flatten();
+        Some((
+            namespace.name.clone(),
+            namespace.mode,
+            lock_delay,
+            check(namespace),
+        ))
+    });
+    let Some((name, mode, lock_delay, violation)) = verdict else {
+        return Ok(None);
+    };
+    let Some(violation) = violation else {
+        return Ok(lock_delay);
+    };
+    let rule = RULES.iter().position(|r| *r == violation.rule).unwrap_or(0);
+    let refused = mode == Enforcement::Enforce;
+    COUNTS.with(|counts| {
+        let mut counts = counts.borrow_mut();
+        let counts = counts.entry(name.clone()).or_default();
+        if refused {
+            counts.refused[rule] += 1;
+        } else {
+            counts.warned[rule] += 1;
         }
-    })
+    });
+    TOTALS.with(|totals| {
+        let mut totals = totals.borrow_mut();
+        if refused {
+            totals.0 += 1;
+        } else {
+            totals.1 += 1;
+        }
+    });
+    if refused {
+        return Err(LockError::Policy {
+            namespace: name,
+            detail: violation.detail,
+        });
+    }
+    warn_line(ctx, &name, rule, &violation.detail);
+    Ok(lock_delay)
 }
 
 /// The audit line of a request a namespace in `warn` mode let through: one per client,
-/// namespace and rule per [`WARN_LINE_EVERY_MS`].
-fn warn_line(ctx: &Context, at: usize, namespace: &Namespace, rule: usize, detail: &str) {
+/// namespace and rule per [`WARN_LINE_EVERY_MS`], at most [`WARN_LINES_A_MINUTE`] a minute in
+/// all (then one line a minute says how many were left out).
+fn warn_line(ctx: &Context, namespace: &str, rule: usize, detail: &str) {
     let client = caller_id(ctx);
     let now = now_ms();
-    let due = WARN_LINES.with(|lines| {
+    let (due, left_out) = WARN_LINES.with(|lines| {
         let mut lines = lines.borrow_mut();
-        if lines.len() >= WARN_LINES_KEPT {
-            lines.clear();
+        let mut left_out = 0;
+        if now.saturating_sub(lines.minute) >= WARN_LINE_EVERY_MS {
+            left_out = std::mem::take(&mut lines.left_out);
+            lines.minute = now;
+            lines.written = 0;
         }
-        let last = lines.entry((client, at, rule)).or_insert(0);
-        let due = *last == 0 || now.saturating_sub(*last) >= WARN_LINE_EVERY_MS;
-        if due {
-            *last = now.max(1);
+        let key = (client, namespace.to_string(), rule);
+        let seen = lines
+            .last
+            .get(&key)
+            .is_some_and(|last| now.saturating_sub(*last) < WARN_LINE_EVERY_MS);
+        if seen {
+            return (false, left_out);
         }
-        due
+        if lines.last.len() >= WARN_LINES_KEPT {
+            lines
+                .last
+                .retain(|_, last| now.saturating_sub(*last) < WARN_LINE_EVERY_MS);
+        }
+        if lines.written >= WARN_LINES_A_MINUTE || lines.last.len() >= WARN_LINES_KEPT {
+            lines.left_out += 1;
+            return (false, left_out);
+        }
+        lines.last.insert(key, now);
+        lines.written += 1;
+        (true, left_out)
     });
+    if left_out > 0 {
+        log_notice(&format!(
+            "lock audit: {left_out} more warn lines were left out in the last minute (at most \
+             {WARN_LINES_A_MINUTE} a minute)"
+        ));
+    }
     if due {
         let by = if client == 0 {
             "a script".to_string()
@@ -270,19 +371,20 @@ fn warn_line(ctx: &Context, at: usize, namespace: &Namespace, rule: usize, detai
             describe_client(ctx, client)
         };
         log_notice(&format!(
-            "lock audit: namespace {} (warn) would refuse a request by {by}: {detail} (one line \
-             per client and rule a minute)",
-            namespace.name
+            "lock audit: namespace {namespace} (warn) would refuse a request by {by}: {detail} \
+             (one line per client and rule a minute)"
         ));
     }
 }
 
-/// Runs `f` with the policy in force and the counts of its namespaces (`None` without one).
-pub fn with<R>(f: impl FnOnce(Option<(&Policy, &[Counts])>) -> R) -> R {
-    ACTIVE.with(|cell| {
-        let active = cell.borrow();
-        f(active.as_ref().map(|a| (&a.policy, a.counts.as_slice())))
-    })
+/// Runs `f` with the policy in force (`None` without one).
+pub fn with<R>(f: impl FnOnce(Option<&Policy>) -> R) -> R {
+    ACTIVE.with(|cell| f(cell.borrow().as_ref()))
+}
+
+/// The counts of the namespace `name` (zeros when it never refused or warned).
+fn counts_of(name: &str) -> Counts {
+    COUNTS.with(|counts| counts.borrow().get(name).copied().unwrap_or_default())
 }
 
 /// `LOCK.POLICY LIST`: every namespace, in the policy's order, with its settings and what it
@@ -304,14 +406,14 @@ pub fn command(ctx: &Context, args: &[RedisString]) -> CommandResult {
     }
 }
 
-fn list(active: Option<(&Policy, &[Counts])>) -> Vec<Nested> {
-    let Some((policy, counts)) = active else {
+fn list(policy: Option<&Policy>) -> Vec<Nested> {
+    let Some(policy) = policy else {
         return Vec::new();
     };
     policy
         .namespaces()
         .iter()
-        .zip(counts)
+        .map(|namespace| (namespace, counts_of(&namespace.name)))
         .map(|(namespace, counts)| {
             let by_rule = |of: &[u64; RULES.len()]| {
                 Nested::Map(
@@ -346,8 +448,8 @@ fn list(active: Option<(&Policy, &[Counts])>) -> Vec<Nested> {
         .collect()
 }
 
-fn explain(active: Option<(&Policy, &[Counts])>, key: &[u8]) -> Nested {
-    let found = active.and_then(|(policy, _)| policy.namespace_of(key));
+fn explain(policy: Option<&Policy>, key: &[u8]) -> Nested {
+    let found = policy.and_then(|policy| policy.namespace_of(key));
     let nil = || Nested::Value(RedisValue::Null);
     let (name, prefix, mode) = match found {
         Some((namespace, prefix)) => (
