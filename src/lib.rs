@@ -374,12 +374,7 @@ fn register(ctx: &redis_module::Context, args: &[Vec<u8>]) -> Result<(), String>
     // Set from redis.conf, the command line or CONFIG SET: RM_LoadConfigs applies a given one.
     host::config::register_string(ctx, &service::policy::CONFIG, "")?;
     host::config::load(ctx)?;
-    if service::policy::any() {
-        service::policy::log_policy(&format!(
-            "loaded with lock.namespaces of digest '{}'",
-            service::policy::digest()
-        ));
-    }
+    service::policy::loaded();
     host::config::on_change(service::audit::config_changed);
     let config_callers = host::audit::watch_config_calls(ctx);
     let category = host::command::add_acl_category(ctx, ACL_CATEGORY);

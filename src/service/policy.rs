@@ -16,7 +16,7 @@ use crate::config;
 use crate::error::LockError;
 use crate::host::audit::{config_caller, describe_client};
 use crate::host::command::{reply_nested, CommandResult, Nested};
-use crate::host::config::{self as host_config, StringConfig};
+use crate::host::config::StringConfig;
 use crate::host::log_notice;
 use crate::host::server::{caller_id, is_replayed, now_ms};
 use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
@@ -74,9 +74,8 @@ struct WarnLines {
 thread_local! {
     /// The policy in force; `None` with no namespace.
     static ACTIVE: RefCell<Option<Policy>> = const { RefCell::new(None) };
-    /// A policy CONFIG SET checked, waiting for the server to apply it (a CONFIG SET of several
-    /// parameters applies none when one fails).
-    static PENDING: RefCell<Option<Policy>> = const { RefCell::new(None) };
+    /// The digest of the policy the audit log last named (at load, or at the last change).
+    static LOGGED: RefCell<String> = const { RefCell::new(String::new()) };
     /// What each namespace refused and warned about since the module loaded, by name: a name
     /// keeps its counts when the policy is replaced, or it is removed and comes back.
     static COUNTS: RefCell<HashMap<String, Counts>> = RefCell::new(HashMap::new());
@@ -110,37 +109,42 @@ pub fn apply(text: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// `lock.namespaces` as a config. At load the value given is put in force when it is set;
-/// afterwards CONFIG SET only checks it, and the server's apply step puts it in force and the
-/// change is logged with who made it (a CONFIG SET that fails on another parameter applies
-/// nothing and logs nothing).
+/// `lock.namespaces` as a config: a value is put in force when the server sets it (so the
+/// policy in force is always the one CONFIG GET shows, also when the server undoes a CONFIG SET
+/// of several parameters by setting the old values again), and logged with who changed it when
+/// the server applies the CONFIG SET (which it does only when every parameter was set: a
+/// CONFIG SET undone before is never logged).
 pub static CONFIG: StringConfig = StringConfig {
     name: config::NAMESPACES,
     set: |text| {
-        let policy = parse(text)?;
-        if host_config::loaded() {
-            PENDING.with(|pending| *pending.borrow_mut() = Some(policy));
-        } else {
-            install(policy);
-        }
+        install(parse(text)?);
         Ok(())
     },
     apply: || {
-        let Some(policy) = PENDING.with(|pending| pending.borrow_mut().take()) else {
-            return Ok(());
-        };
-        let before = digest();
-        install(policy);
-        let by = config_caller(config::NAMESPACES)
-            .unwrap_or_else(|| "a client this server does not name to modules".to_string());
-        log_policy(&format!(
-            "CONFIG SET lock.namespaces from digest '{before}' to digest '{}' by {by}",
-            digest()
-        ));
+        let now = digest();
+        let before =
+            LOGGED.with(|logged| std::mem::replace(&mut *logged.borrow_mut(), now.clone()));
+        if before != now {
+            let by = config_caller(config::NAMESPACES)
+                .unwrap_or_else(|| "a client this server does not name to modules".to_string());
+            log_policy(&format!(
+                "CONFIG SET lock.namespaces from digest '{before}' to digest '{now}' by {by}"
+            ));
+        }
         Ok(())
     },
     text: text_of_policy,
 };
+
+/// After the load: the policy in force is the one the audit log names from now on (and is
+/// logged, when there is one).
+pub fn loaded() {
+    let now = digest();
+    if !now.is_empty() {
+        log_policy(&format!("loaded with lock.namespaces of digest '{now}'"));
+    }
+    LOGGED.with(|logged| *logged.borrow_mut() = now);
+}
 
 /// Logs `what` happened to the policy, then the policy in force, a namespace a line (each cut
 /// to fit a log line), so that a long one is kept whole as far as it can be.
