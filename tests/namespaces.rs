@@ -16,25 +16,13 @@ const POLICY: &str = "orders prefix=orders: mode=enforce max-ttl=30000 label=req
                       max-limit=3 min-ttl=1000; \
                       quiet prefix=quiet: mode=off max-ttl=1";
 
-fn with_policy(policy: &str) -> Config {
-    Config::default().with("lock.namespaces", policy)
-}
-
-fn info_number(server: &Server, field: &str) -> i64 {
-    server
-        .info_field("lock", field)
-        .unwrap_or_else(|| panic!("no {field} in INFO lock"))
-        .parse()
-        .expect("a number")
-}
-
 fn policy_error(namespace: &str, detail: &str) -> Reply {
     Reply::error(&format!("POLICY {namespace}: {detail}"))
 }
 
 #[test]
 fn each_requirement_refuses_in_enforce_mode_and_changes_nothing() {
-    let server = Server::start_with(with_policy(POLICY));
+    let server = Server::start_with(Config::default().namespaces(POLICY));
     let mut c = server.conn();
     let cases: [(&[&str], Reply); 7] = [
         (
@@ -72,8 +60,8 @@ fn each_requirement_refuses_in_enforce_mode_and_changes_nothing() {
     for key in ["orders:1", "q:1", "s:1"] {
         assert_eq!(c.call(&["EXISTS", key]), Reply::Int(0), "{key}");
     }
-    assert_eq!(info_number(&server, "lock_policy_refused"), 7);
-    assert_eq!(info_number(&server, "lock_acquired"), 0);
+    assert_eq!(server.info_int("lock_policy_refused"), 7);
+    assert_eq!(server.info_int("lock_acquired"), 0);
     // Within the rules: granted.
     assert!(c
         .call(&["LOCK.ACQUIRE", "orders:1", "t", "30000", "LABEL", "x"])
@@ -99,19 +87,19 @@ fn each_requirement_refuses_in_enforce_mode_and_changes_nothing() {
     // A key no namespace matches, and a namespace that is off: no rule.
     assert!(c.call(&["LOCK.ACQUIRE", "other:1", "t", "600000"]).is_int());
     assert!(c.call(&["LOCK.ACQUIRE", "quiet:1", "t", "600000"]).is_int());
-    assert_eq!(info_number(&server, "lock_policy_refused"), 9);
-    assert_eq!(info_number(&server, "lock_policy_warned"), 0);
+    assert_eq!(server.info_int("lock_policy_refused"), 9);
+    assert_eq!(server.info_int("lock_policy_warned"), 0);
 }
 
 #[test]
 fn max_waiters_caps_the_queue_of_one_key() {
-    let server = Server::start_with(with_policy(POLICY));
+    let server = Server::start_with(Config::default().namespaces(POLICY));
     let mut c = server.conn();
     assert!(c.call(&["LOCK.ACQUIRE", "q:1", "holder", "60000"]).is_int());
     let mut waiter = server.conn();
     waiter.send(&["LOCK.ACQUIRE", "q:1", "w1", "60000", "WAIT", "5000"]);
     wait_for("the first waiter queued", || {
-        (info_number(&server, "lock_waiters") == 1).then_some(())
+        (server.info_int("lock_waiters") == 1).then_some(())
     });
     assert_eq!(
         c.call(&["LOCK.ACQUIRE", "q:1", "w2", "60000", "WAIT", "5000"]),
@@ -120,14 +108,16 @@ fn max_waiters_caps_the_queue_of_one_key() {
             "1 waiters queued on the key, the namespace's max-waiters 1"
         )
     );
-    assert_eq!(info_number(&server, "lock_waiters"), 1);
+    assert_eq!(server.info_int("lock_waiters"), 1);
     assert_eq!(c.call(&["LOCK.RELEASE", "q:1", "holder"]), Reply::Int(1));
     assert!(waiter.read().is_int());
 }
 
 #[test]
 fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
-    let config = with_policy(POLICY).with("appendonly", "yes");
+    let config = Config::default()
+        .namespaces(POLICY)
+        .with("appendonly", "yes");
     let server = Server::start_with(config);
     let mut c = server.conn();
     for i in 0..3 {
@@ -135,8 +125,8 @@ fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
         assert!(fence.is_int(), "{fence:?}");
     }
     // With SYNC 1 and no FSYNC: the next rule.
-    assert_eq!(info_number(&server, "lock_policy_warned"), 3);
-    assert_eq!(info_number(&server, "lock_policy_refused"), 0);
+    assert_eq!(server.info_int("lock_policy_warned"), 3);
+    assert_eq!(server.info_int("lock_policy_refused"), 0);
     let mut other = server.conn();
     assert!(other.call(&["LOCK.ACQUIRE", "pay:9", "t", "1000"]).is_int());
     let log = std::fs::read_to_string(server.dir().join("server.log")).expect("the log");
@@ -162,9 +152,9 @@ fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
 
 #[test]
 fn a_namespace_gives_its_lock_delay_to_grants_that_name_none() {
-    let server = Server::start_with(with_policy(
-        "slow prefix=slow: mode=enforce lock-delay=1500",
-    ));
+    let server = Server::start_with(
+        Config::default().namespaces("slow prefix=slow: mode=enforce lock-delay=1500"),
+    );
     let mut c = server.conn();
     for (key, extra) in [("slow:1", &[][..]), ("slow:2", &["LOCKDELAY", "0"][..])] {
         let mut args = vec!["LOCK.ACQUIRE", key, "a", "100"];
@@ -173,7 +163,7 @@ fn a_namespace_gives_its_lock_delay_to_grants_that_name_none() {
     }
     let expired = Instant::now();
     wait_for("both leases ran out", || {
-        (info_number(&server, "lock_held") == 0).then_some(())
+        (server.info_int("lock_held") == 0).then_some(())
     });
     // slow:2 asked for no lock-delay: free at once; slow:1 got the namespace's 1500 ms.
     assert!(c.call(&["LOCK.ACQUIRE", "slow:2", "b", "1000"]).is_int());
@@ -191,7 +181,8 @@ fn a_namespace_gives_its_lock_delay_to_grants_that_name_none() {
 
 #[test]
 fn the_config_round_trips_and_a_malformed_one_changes_nothing() {
-    let server = Server::start_with(with_policy("b  prefix=b:   max-ttl=5000 mode=warn"));
+    let server =
+        Server::start_with(Config::default().namespaces("b  prefix=b:   max-ttl=5000 mode=warn"));
     let mut c = server.conn();
     let get = |c: &mut Conn| fields_map(&c.call(&["CONFIG", "GET", "lock.namespaces"]));
     assert_eq!(
@@ -225,13 +216,13 @@ fn the_config_round_trips_and_a_malformed_one_changes_nothing() {
         server.info_field("lock", "lock_policy_digest").unwrap(),
         digest
     );
-    assert_eq!(info_number(&server, "lock_namespaces"), 1);
+    assert_eq!(server.info_int("lock_namespaces"), 1);
     assert_eq!(
         c.call(&["CONFIG", "SET", "lock.namespaces", ""]),
         Reply::status("OK")
     );
     assert_eq!(server.info_field("lock", "lock_policy_digest").unwrap(), "");
-    assert_eq!(info_number(&server, "lock_namespaces"), 0);
+    assert_eq!(server.info_int("lock_namespaces"), 0);
     let log = std::fs::read_to_string(server.dir().join("server.log")).expect("the log");
     let change =
         format!("lock audit: CONFIG SET lock.namespaces from digest '{digest}' to digest '' by ");
@@ -330,7 +321,7 @@ fn a_malformed_policy_at_load_refuses_the_module_with_its_reason() {
 
 #[test]
 fn lock_policy_explain_says_where_each_rule_comes_from() {
-    let server = Server::start_with(with_policy(POLICY));
+    let server = Server::start_with(Config::default().namespaces(POLICY));
     let mut c = server.conn();
     let explained = fields_map(&c.call(&["LOCK.POLICY", "EXPLAIN", "orders:42"]));
     assert_eq!(explained["namespace"], Reply::bulk("orders"));
@@ -389,9 +380,9 @@ fn lock_policy_explain_says_where_each_rule_comes_from() {
 #[test]
 fn effects_are_never_held_to_a_replica_policy_and_a_promoted_replica_enforces_its_own() {
     let primary = Server::start();
-    let replica = Server::start_with(with_policy(
-        "orders prefix=orders: mode=enforce max-ttl=1000",
-    ));
+    let replica = Server::start_with(
+        Config::default().namespaces("orders prefix=orders: mode=enforce max-ttl=1000"),
+    );
     replica.replicate_from(&primary);
     let mut c = primary.conn();
     let fence = c.call(&["LOCK.ACQUIRE", "orders:1", "t", "600000"]);
@@ -406,7 +397,7 @@ fn effects_are_never_held_to_a_replica_policy_and_a_promoted_replica_enforces_it
         digest_value(&mut r, "orders:1"),
         digest_value(&mut c, "orders:1")
     );
-    assert_eq!(info_number(&replica, "lock_policy_refused"), 0);
+    assert_eq!(replica.info_int("lock_policy_refused"), 0);
     assert_eq!(r.call(&["REPLICAOF", "NO", "ONE"]), Reply::status("OK"));
     assert_eq!(
         r.call(&["LOCK.ACQUIRE", "orders:2", "t", "600000"]),

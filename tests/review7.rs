@@ -7,16 +7,11 @@ mod common;
 use common::*;
 use sha2::{Digest, Sha256};
 
-fn with_policy(policy: &str) -> Config {
-    Config::default().with("lock.namespaces", policy)
-}
-
-fn info_number(server: &Server, field: &str) -> i64 {
-    server
-        .info_field("lock", field)
-        .unwrap_or_else(|| panic!("no {field} in INFO lock"))
-        .parse()
-        .expect("a number")
+/// README.md's words, one space between each (its lines wrap anywhere).
+fn readme_words() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    readme.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn config_get(c: &mut Conn, name: &str) -> Reply {
@@ -78,7 +73,8 @@ fn the_audit_line_of_a_long_policy_keeps_the_whole_policy_and_who_set_it() {
 /// SET replaces nothing), and the audit log records two changes that never took effect.
 #[test]
 fn a_failed_multi_parameter_config_set_keeps_the_counts_and_logs_no_change() {
-    let server = Server::start_with(with_policy("a prefix=a: mode=warn max-ttl=100"));
+    let server =
+        Server::start_with(Config::default().namespaces("a prefix=a: mode=warn max-ttl=100"));
     let mut c = server.conn();
     assert!(c.call(&["LOCK.ACQUIRE", "a:1", "t", "1000"]).is_int());
     assert_eq!(
@@ -118,7 +114,8 @@ fn a_failed_multi_parameter_config_set_keeps_the_counts_and_logs_no_change() {
 /// namespace and rule a minute") nor any total rate holds.
 #[test]
 fn warn_lines_stay_once_a_minute_per_client_when_many_clients_warn() {
-    let server = Server::start_with(with_policy("w prefix=w: mode=warn max-ttl=100"));
+    let server =
+        Server::start_with(Config::default().namespaces("w prefix=w: mode=warn max-ttl=100"));
     let mut first = server.conn();
     let (_, id) = client_addr_and_id(&mut first);
     assert!(first
@@ -147,7 +144,8 @@ fn warn_lines_stay_once_a_minute_per_client_when_many_clients_warn() {
 fn a_writable_replica_holds_its_own_clients_to_its_policy_as_the_readme_says() {
     let primary = Server::start();
     let replica = Server::start_with(
-        with_policy("orders prefix=orders: mode=enforce max-ttl=1000")
+        Config::default()
+            .namespaces("orders prefix=orders: mode=enforce max-ttl=1000")
             .with("replica-read-only", "no"),
     );
     replica.replicate_from(&primary);
@@ -157,10 +155,8 @@ fn a_writable_replica_holds_its_own_clients_to_its_policy_as_the_readme_says() {
         reply,
         Reply::error("POLICY orders: ttl 600000 above the namespace's max-ttl 1000")
     );
-    assert_eq!(info_number(&replica, "lock_policy_refused"), 1);
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(replica.info_int("lock_policy_refused"), 1);
+    let readme = readme_words();
     assert!(readme.contains("a writable replica holds its own clients to its own policy"));
 }
 
@@ -200,7 +196,9 @@ fn config_rewrite_round_trips_prefixes_that_need_escaping() {
 /// the SHA-256 of what CONFIG GET lock.namespaces shows).
 #[test]
 fn the_digest_is_the_sha256_of_config_get() {
-    let server = Server::start_with(with_policy("z   max-ttl=5 prefix=z: ; default mode=warn"));
+    let server = Server::start_with(
+        Config::default().namespaces("z   max-ttl=5 prefix=z: ; default mode=warn"),
+    );
     let mut c = server.conn();
     let shown = config_get(&mut c, "lock.namespaces").text();
     let expected: String = Sha256::digest(shown.as_bytes())
@@ -269,9 +267,7 @@ fn a_waiter_queued_before_the_policy_is_served_as_it_was_admitted() {
     assert!(waiter.read().is_int());
     let ttl = lock_field(&mut c, "o:1", "ttl").int();
     assert!(ttl > 30_000, "{ttl}");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let readme = readme_words();
     assert!(readme.contains("one already queued with WAIT is served as it was admitted"));
 }
 
@@ -301,7 +297,8 @@ fn a_malformed_policy_error_keeps_its_reason_however_long_the_word() {
 /// server).
 #[test]
 fn a_warned_request_from_a_script_is_logged_without_looking_up_its_client() {
-    let server = Server::start_with(with_policy("w prefix=w: mode=warn label=required"));
+    let server =
+        Server::start_with(Config::default().namespaces("w prefix=w: mode=warn label=required"));
     let mut c = server.conn();
     let reply = c.call(&[
         "EVAL",
@@ -317,7 +314,7 @@ fn a_warned_request_from_a_script_is_logged_without_looking_up_its_client() {
         "{log}"
     );
     assert!(!log.contains("secret-token-1"));
-    assert_eq!(info_number(&server, "lock_policy_warned"), 1);
+    assert_eq!(server.info_int("lock_policy_warned"), 1);
 }
 
 /// PASSES (pins the lock-delay default beyond ACQUIRE: a MACQUIRE takes the longest of its
@@ -327,7 +324,7 @@ fn a_warned_request_from_a_script_is_logged_without_looking_up_its_client() {
 #[test]
 fn the_lock_delay_default_in_macquire_shared_permits_and_off() {
     let server = Server::start_with(
-        with_policy(
+        Config::default().namespaces(
             "a prefix=a: mode=enforce lock-delay=1500; b prefix=b: mode=enforce lock-delay=700; \
              z prefix=z: mode=off lock-delay=9000; w prefix=w: mode=warn lock-delay=2500",
         )
@@ -381,7 +378,9 @@ fn the_lock_delay_default_in_macquire_shared_permits_and_off() {
 /// run on every server, Redis 7.0 has no module categories).
 #[test]
 fn the_readme_application_user_reads_lock_policy_and_minus_closes_it() {
-    let server = Server::start_with(with_policy("pay prefix=pay: mode=enforce label=required"));
+    let server = Server::start_with(
+        Config::default().namespaces("pay prefix=pay: mode=enforce label=required"),
+    );
     let mut admin = server.conn();
     let rule = "on >app-secret ~orders:* +@all -@dangerous -lock.forcerelease -lock.longholds";
     let mut setuser = vec!["ACL", "SETUSER", "orders-app"];
@@ -417,18 +416,19 @@ fn the_readme_application_user_reads_lock_policy_and_minus_closes_it() {
 /// through but would have refused": this one was not let through.
 #[test]
 fn a_refused_macquire_is_not_counted_as_let_through_by_a_warn_namespace() {
-    let server = Server::start_with(with_policy(
-        "w prefix=w: mode=warn label=required; e prefix=e: mode=enforce max-ttl=10",
-    ));
+    let server =
+        Server::start_with(Config::default().namespaces(
+            "w prefix=w: mode=warn label=required; e prefix=e: mode=enforce max-ttl=10",
+        ));
     let mut c = server.conn();
     let reply = c.call(&["LOCK.MACQUIRE", "2", "w:1", "e:1", "t", "1000"]);
     assert_eq!(
         reply,
         Reply::error("POLICY e: ttl 1000 above the namespace's max-ttl 10")
     );
-    assert_eq!(info_number(&server, "lock_policy_refused"), 1);
+    assert_eq!(server.info_int("lock_policy_refused"), 1);
     assert_eq!(
-        info_number(&server, "lock_policy_warned"),
+        server.info_int("lock_policy_warned"),
         0,
         "a refused request counted as let through"
     );
@@ -439,7 +439,8 @@ fn a_refused_macquire_is_not_counted_as_let_through_by_a_warn_namespace() {
 /// nothing, and the queued one is served).
 #[test]
 fn max_waiters_caps_a_macquire_queue_too() {
-    let server = Server::start_with(with_policy("q prefix=q: mode=enforce max-waiters=1"));
+    let server =
+        Server::start_with(Config::default().namespaces("q prefix=q: mode=enforce max-waiters=1"));
     let mut c = server.conn();
     assert!(c.call(&["LOCK.ACQUIRE", "q:1", "holder", "60000"]).is_int());
     let mut waiter = server.conn();
@@ -454,7 +455,7 @@ fn max_waiters_caps_a_macquire_queue_too() {
         "5000",
     ]);
     wait_for("the first waiter queued", || {
-        (info_number(&server, "lock_waiters") == 1).then_some(())
+        (server.info_int("lock_waiters") == 1).then_some(())
     });
     assert_eq!(
         c.call(&[
@@ -469,7 +470,7 @@ fn max_waiters_caps_a_macquire_queue_too() {
         ]),
         Reply::error("POLICY q: 1 waiters queued on the key, the namespace's max-waiters 1")
     );
-    assert_eq!(info_number(&server, "lock_waiters"), 1);
+    assert_eq!(server.info_int("lock_waiters"), 1);
     assert_eq!(c.call(&["EXISTS", "x:2"]), Reply::Int(0));
     assert_eq!(c.call(&["LOCK.RELEASE", "q:1", "holder"]), Reply::Int(1));
     let granted = waiter.read();

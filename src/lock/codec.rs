@@ -583,6 +583,12 @@ pub fn removals_effect_args(
         .collect()
 }
 
+/// The fourth field of an effect's state: a letter marks a kind of effect (`g` a group, `e`,
+/// `d`, `r` a member change, `n` a renewal), a number is a holder's deadline.
+fn marker(state: &[u8]) -> Option<&[u8]> {
+    state.split(|b| *b == b':').nth(3)
+}
+
 /// The marker (fourth field) of a renewal's state (see [`State::renewal`]).
 const RENEWAL: &[u8] = b"n";
 
@@ -601,7 +607,7 @@ pub fn parse_renewal(args: &[&[u8]]) -> Option<Result<Renewal, LockError>> {
     let [state, rest @ ..] = args else {
         return None;
     };
-    if state.split(|b| *b == b':').nth(3) != Some(RENEWAL) {
+    if marker(state) != Some(RENEWAL) {
         return None;
     }
     Some(renewal(state, rest))
@@ -645,7 +651,7 @@ pub fn parse_member_effect(args: &[&[u8]]) -> Option<Result<MemberEffect, LockEr
     let [state, rest @ ..] = args else {
         return None;
     };
-    let marker = match state.split(|b| *b == b':').nth(3) {
+    let marker = match marker(state) {
         Some(b"e") => Marker::Digest,
         Some(b"d") => Marker::Token,
         Some(b"r") => Marker::Removals,
@@ -819,7 +825,7 @@ pub fn parse_effect(args: &[&[u8]]) -> Result<Effect, LockError> {
     let [state, rest @ ..] = args else {
         return Err(LockError::WrongArity);
     };
-    if state.split(|b| *b == b':').nth(3) == Some(b"g") {
+    if marker(state) == Some(b"g") {
         return parse_group_effect(state, rest);
     }
     let mut fields = StateFields::of(state);

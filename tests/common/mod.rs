@@ -99,6 +99,11 @@ impl Config {
         self
     }
 
+    /// Starts the server with this `lock.namespaces` policy.
+    pub fn namespaces(self, policy: &str) -> Self {
+        self.with("lock.namespaces", policy)
+    }
+
     pub fn module_arg(mut self, arg: &str) -> Self {
         self.module_args.push(arg.into());
         self
