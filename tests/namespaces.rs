@@ -404,3 +404,44 @@ fn effects_are_never_held_to_a_replica_policy_and_a_promoted_replica_enforces_it
         policy_error("orders", "ttl 600000 above the namespace's max-ttl 1000")
     );
 }
+
+#[test]
+fn the_policy_digest_is_equal_on_every_cluster_node_and_tells_one_that_differs() {
+    let policy = "orders prefix={orders}: mode=enforce max-ttl=30000";
+    let config = common::cluster::cluster_config().namespaces(policy);
+    let cluster = common::cluster::Cluster::start_with(3, true, config);
+    let digests = |cluster: &common::cluster::Cluster| -> Vec<String> {
+        cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                node.info_field("lock", "lock_policy_digest")
+                    .expect("a digest")
+            })
+            .collect()
+    };
+    let all = digests(&cluster);
+    assert_eq!(all.len(), 6);
+    assert_eq!(all[0].len(), 16);
+    assert!(all.iter().all(|d| *d == all[0]), "{all:?}");
+    // One node configured otherwise (written differently, the same policy: the same digest).
+    let mut c = cluster.nodes[4].conn();
+    let same = "orders  max-ttl=30000 prefix={orders}:  mode=enforce";
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.namespaces", same]),
+        Reply::status("OK")
+    );
+    assert!(digests(&cluster).iter().all(|d| *d == all[0]));
+    assert_eq!(
+        c.call(&[
+            "CONFIG",
+            "SET",
+            "lock.namespaces",
+            "orders prefix={orders}: mode=warn"
+        ]),
+        Reply::status("OK")
+    );
+    let now = digests(&cluster);
+    let differing: Vec<usize> = (0..6).filter(|&i| now[i] != all[0]).collect();
+    assert_eq!(differing, [4], "{now:?}");
+}
