@@ -653,13 +653,17 @@ fn effect_sizes(module: Option<std::path::PathBuf>) -> Vec<(String, usize, usize
         Reply::Int(1)
     );
     let dir = server.dir().join("appendonlydir");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("appendonlydir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
-        .collect();
-    files.sort();
-    aof_applies(&std::fs::read(files.pop().expect("an incr file")).expect("read"))
+    // The server may write the AOF after it replied (Valkey 9 did): wait for both effects.
+    wait_for("the grant's and the renewal's effects in the AOF", || {
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("appendonlydir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
+            .collect();
+        files.sort();
+        let applies = aof_applies(&std::fs::read(files.pop()?).ok()?);
+        (applies.len() >= 2).then_some(applies)
+    })
 }
 
 /// FAILED on the change as reviewed (fixed: CHANGELOG and README Upgrading now compare with
