@@ -248,7 +248,7 @@ pub static COMMANDS: &[CommandDef] = &[
             ]),
         )],
         acl: c"",
-        since: c"0.3.0",
+        since: c"0.2.0",
     },
     CommandDef {
         name: c"lock.forcerelease",

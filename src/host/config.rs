@@ -53,11 +53,6 @@ pub fn on_change(hook: OnChange) {
     let _ = ON_CHANGE.set(hook);
 }
 
-/// True once the load-time values are applied: a config set now is a change.
-pub fn loaded() -> bool {
-    LOADED.load(Ordering::Relaxed)
-}
-
 /// Applies the values given as module arguments, after every config is registered.
 pub fn load(ctx: &Context) -> Result<(), String> {
     // SAFETY: a valid context, during OnLoad.
@@ -93,9 +88,9 @@ extern "C" fn set(
     OK
 }
 
-/// A string config: `set` checks a new text (the error is CONFIG SET's reply, or the reason a
-/// load is refused), `apply` puts the last one set in force once the server applies the
-/// CONFIG SET (never, when another of its parameters failed), `text` is what CONFIG GET shows.
+/// A string config: `set` takes a new text, or refuses it (the error is CONFIG SET's reply, or
+/// the reason a load is refused); `apply` runs once the server applies a CONFIG SET (never when
+/// another of its parameters failed, and not at load); `text` is what CONFIG GET shows.
 pub struct StringConfig {
     pub name: &'static str,
     pub set: fn(&[u8]) -> Result<(), String>,
@@ -103,7 +98,7 @@ pub struct StringConfig {
     pub text: fn() -> String,
 }
 
-/// Registers `config`, with `default` (its load-time value) applied already by the caller.
+/// Registers `config` with its `default` (the server sets it, or the value given, at load).
 pub fn register_string(
     ctx: &Context,
     config: &'static StringConfig,

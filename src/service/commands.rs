@@ -91,12 +91,12 @@ fn token_call_secrets(args: &[RedisString]) -> Vec<usize> {
     }
 }
 
-/// A failed call of a command without a key: any argument may be a token.
 /// `LOCK.POLICY LIST | EXPLAIN key` (see `service::policy`).
 fn policy_command(ctx: &Context, args: &[RedisString]) -> CommandResult {
     policy::command(ctx, args)
 }
 
+/// A failed call of a command without a key: any argument may be a token.
 fn every_argument(args: &[RedisString]) -> Vec<usize> {
     (1..args.len()).collect()
 }

@@ -102,13 +102,6 @@ fn install(policy: Policy) {
     ACTIVE.with(|cell| *cell.borrow_mut() = (!policy.is_empty()).then_some(policy));
 }
 
-/// Puts the policy `text` in force at once (the value given at load, and tests). The error
-/// says what is wrong; nothing changes then.
-pub fn apply(text: &[u8]) -> Result<(), String> {
-    install(parse(text)?);
-    Ok(())
-}
-
 /// `lock.namespaces` as a config: a value is put in force when the server sets it (so the
 /// policy in force is always the one CONFIG GET shows, also when the server undoes a CONFIG SET
 /// of several parameters by setting the old values again), and logged with who changed it when
@@ -133,7 +126,7 @@ pub static CONFIG: StringConfig = StringConfig {
         }
         Ok(())
     },
-    text: text_of_policy,
+    text,
 };
 
 /// After the load: the policy in force is the one the audit log names from now on (and is
@@ -175,10 +168,6 @@ pub fn log_policy(what: &str) {
         }
         log_notice(&line);
     }
-}
-
-fn text_of_policy() -> String {
-    text()
 }
 
 /// The policy in force in its canonical form (CONFIG GET).
