@@ -103,6 +103,47 @@ fn with_tombstone_ttl_zero_release_expiry_and_forcerelease_delete_at_once() {
 }
 
 #[test]
+fn with_tombstone_ttl_zero_a_mass_expiry_never_shows_a_free_lock() {
+    // Expiring this many at once takes several timer steps of a few ms each. A lock freed late in a
+    // step must be reclaimable by the step's own time, or it is left, free, to the next step
+    // (an INFO between the two saw keys that no lease held).
+    const LOCKS: usize = 40_000;
+    let server = server_with_tombstone_ttl("0");
+    let mut c = server.conn();
+    for start in (0..LOCKS).step_by(1_000) {
+        for i in start..start + 1_000 {
+            c.send(&["LOCK.ACQUIRE", &format!("mass:{i}"), "t", "2000"]);
+        }
+        for _ in start..start + 1_000 {
+            assert!(matches!(c.read(), Reply::Int(_)));
+        }
+    }
+    // Every lease runs out while the server sleeps: they all come due at once.
+    assert_eq!(c.call(&["DEBUG", "SLEEP", "2.1"]), Reply::status("OK"));
+    let mut reads = 0;
+    wait_for("every lease to end", || {
+        let info = c.call(&["INFO", "lock"]).text();
+        let field = |name: &str| -> i64 {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(-1)
+        };
+        let (keys, held, expired) = (
+            field("lock_keys"),
+            field("lock_held"),
+            field("lock_expired"),
+        );
+        assert_eq!(keys, held, "a free lock was left after {expired} expiries");
+        reads += 1;
+        (expired == LOCKS as i64).then_some(())
+    });
+    assert!(reads > 1, "the expiry was never watched under way");
+    assert_eq!(c.call(&["DBSIZE"]), Reply::Int(0));
+    assert_eq!(server.info_int("lock_reclaimed"), LOCKS as i64);
+}
+
+#[test]
 fn a_lock_with_waiters_is_handed_over_not_reclaimed() {
     let server = server_with_tombstone_ttl("0");
     let mut c = server.conn();

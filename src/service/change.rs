@@ -57,7 +57,7 @@ fn change_of(
 ) -> Option<Event> {
     let had_group = stored.lock().group.is_some();
     let long = holds::long_before(stored);
-    let event = stored.update(change)?;
+    let event = stored.update_at(now, change)?;
     if !long.is_empty() {
         holds::ended(stored, &long, event, now);
     }
@@ -163,7 +163,7 @@ fn remove_members(
     take: impl FnOnce(&mut Lock) -> Vec<Member>,
 ) -> usize {
     let long = holds::long_before(stored);
-    let removed = stored.update(take);
+    let removed = stored.update_at(now, take);
     if removed.is_empty() {
         return 0;
     }

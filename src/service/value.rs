@@ -318,21 +318,27 @@ impl Stored {
     }
 
     /// Runs `change` on the lock and keeps the held gauge, the reclaim time and the fence floor
-    /// in step.
+    /// in step, reading the clock (a replicated change).
     pub fn update<R>(&mut self, change: impl FnOnce(&mut Lock) -> R) -> R {
+        self.update_at(now_ms(), change)
+    }
+
+    /// [`Stored::update`] at `now`, the time the caller judges the lock by: a lock it frees
+    /// becomes reclaimable by that same time (with `lock.tombstone-ttl 0`, in the same step,
+    /// however long the step takes).
+    pub fn update_at<R>(&mut self, now: u64, change: impl FnOnce(&mut Lock) -> R) -> R {
         let was_held = self.lock.has_holders();
         let result = change(&mut self.lock);
         let is_held = self.lock.has_holders();
         if was_held != is_held {
             metrics::HELD.add(if is_held { 1 } else { -1 });
-            let now = metrics::monotonic_us();
+            let us = metrics::monotonic_us();
             if is_held {
-                self.since_or_reclaim = Some(moment(now));
+                self.since_or_reclaim = Some(moment(us));
             } else if let Some(since) = self.since_or_reclaim.take().map(NonZeroU64::get) {
-                metrics::HOLD.record(now.saturating_sub(since));
+                metrics::HOLD.record(us.saturating_sub(since));
             }
         }
-        let now = now_ms();
         if !is_held && self.since_or_reclaim.is_none() {
             self.since_or_reclaim = Some(moment(reclaim_time(now)));
         }
