@@ -8,10 +8,11 @@ use redis_module::Context;
 use crate::host::{guarded, ERR};
 
 /// What the section shows, without the `lock_` prefix Redis adds: text fields first, then
-/// integer fields.
+/// integer fields, then dict fields (`name:a=1,b=2`, as INFO keyspace's `db0:keys=...`).
 pub struct Fields {
     pub texts: Vec<(&'static str, String)>,
     pub numbers: Vec<(String, i64)>,
+    pub dicts: Vec<(String, Vec<(String, i64)>)>,
 }
 
 pub trait Section {
@@ -56,6 +57,31 @@ extern "C" fn info<S: Section>(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
                 // SAFETY: a valid info context and a NUL-terminated field name.
                 unsafe { field(ctx, name.as_ptr(), value) };
             }
+        }
+        // SAFETY: reading the API table Redis filled in at load.
+        let (Some(begin), Some(end)) = (unsafe {
+            (
+                raw::RedisModule_InfoBeginDictField,
+                raw::RedisModule_InfoEndDictField,
+            )
+        }) else {
+            return;
+        };
+        for (name, entries) in fields.dicts {
+            let Ok(name) = CString::new(name) else {
+                continue;
+            };
+            // SAFETY: a valid info context and a NUL-terminated field name; the dict is ended
+            // below, before any other field.
+            unsafe { begin(ctx, name.as_ptr()) };
+            for (entry, value) in entries {
+                if let Ok(entry) = CString::new(entry) {
+                    // SAFETY: as above; inside a dict, a field is one of its entries.
+                    unsafe { field(ctx, entry.as_ptr(), value) };
+                }
+            }
+            // SAFETY: a valid info context, inside the dict begun above.
+            unsafe { end(ctx) };
         }
     });
 }

@@ -30,24 +30,45 @@ pub fn tag_text(tag: u64) -> String {
 /// Where a lock is in [`Ages`]: a slot, valid while the node there still names the lock's id.
 pub type AgeSlot = u32;
 
-/// The held locks by the grant time of their oldest hold, so the oldest hold of the whole server
-/// is found at once.
+/// Which namespace's list a held lock is in (see `service::policy::space_of`): 0 for `default`
+/// (and for every lock while no namespace is defined).
+pub type Space = u16;
+
+/// The held locks by the grant time of their oldest hold, in one list per namespace, so the
+/// oldest hold of the whole server, and of each namespace, is found at once.
 ///
 /// A lock is a node in a slab, and each lock keeps its node's slot (see `Stored`), so a change
 /// reaches its node without a search. Grants arrive in time order, almost always: a node goes
-/// at the back of a list kept in time order, found by a short walk back from the tail when it
-/// is a little out of order. One further back (a lock loaded from a file, a clock stepped
+/// at the back of its list, kept in time order, found by a short walk back from the tail when
+/// it is a little out of order. One further back (a lock loaded from a file, a clock stepped
 /// back, a shared lock whose oldest member left) goes into a small ordered set aside instead.
-/// The oldest hold is the earlier of the list's head and the set's first.
-#[derive(Default)]
+/// A list's oldest hold is the earlier of its head and its set's first.
 pub struct Ages {
     nodes: Vec<Node>,
     /// Free slots, chained through `next`.
     free: u32,
+    /// By space; a space beyond the end has no node.
+    lists: Vec<List>,
+    len: usize,
+}
+
+/// One namespace's held locks.
+struct List {
     head: u32,
     tail: u32,
     aside: BTreeSet<(u64, AgeSlot)>,
     len: usize,
+}
+
+impl List {
+    const fn new() -> Self {
+        List {
+            head: NONE,
+            tail: NONE,
+            aside: BTreeSet::new(),
+            len: 0,
+        }
+    }
 }
 
 /// No slot.
@@ -56,10 +77,16 @@ const NONE: u32 = u32::MAX;
 /// How far back from the tail a node looks for its place before it is set aside.
 const WALK: usize = 16;
 
+/// The latest grant time a node records exactly (ms since the epoch: the year 10889); the bits
+/// above it hold the node's space.
+const SINCE_BITS: u32 = 48;
+const SINCE_MAX: u64 = (1 << SINCE_BITS) - 1;
+
 #[derive(Clone, Copy)]
 struct Node {
-    /// The lock's oldest grant time.
-    since: u64,
+    /// The lock's oldest grant time in the low 48 bits, its space in the top 16 (the slab stays
+    /// at 32 bytes a held lock).
+    since_space: u64,
     /// Its key's tag.
     tag: u64,
     /// The lock's id (0: a free slot): a slot kept by a value after [`Ages::clear`] names
@@ -71,50 +98,74 @@ struct Node {
     next: u32,
 }
 
+impl Node {
+    fn since(&self) -> u64 {
+        self.since_space & SINCE_MAX
+    }
+
+    fn space(&self) -> Space {
+        Space::try_from(self.since_space >> SINCE_BITS).unwrap_or(0)
+    }
+
+    fn set_since(&mut self, since: u64) {
+        self.since_space = (self.since_space & !SINCE_MAX) | since.min(SINCE_MAX);
+    }
+
+    fn set_space(&mut self, space: Space) {
+        self.since_space = (self.since_space & SINCE_MAX) | (u64::from(space) << SINCE_BITS);
+    }
+}
+
 /// `prev` of a node set aside.
 const ASIDE: u32 = u32::MAX - 1;
+
+impl Default for Ages {
+    fn default() -> Self {
+        Ages::new()
+    }
+}
 
 impl Ages {
     pub const fn new() -> Self {
         Ages {
             nodes: Vec::new(),
             free: NONE,
-            head: NONE,
-            tail: NONE,
-            aside: BTreeSet::new(),
+            lists: Vec::new(),
             len: 0,
         }
     }
 
     /// Lock `id`, at `slot` (if it has one), now has `since` as its oldest grant time (`None`:
-    /// no hold whose grant time is known). Returns its slot from now on. `tag` is asked only
-    /// for a lock not tracked yet.
+    /// no hold whose grant time is known). Returns its slot from now on. `place` (its key's tag
+    /// and space) is asked only for a lock not tracked yet.
     pub fn set(
         &mut self,
         id: u64,
         slot: Option<AgeSlot>,
         since: Option<u64>,
-        tag: impl FnOnce() -> u64,
+        place: impl FnOnce() -> (u64, Space),
     ) -> Option<AgeSlot> {
         let slot = slot.filter(|slot| self.owns(*slot, id));
         match (slot, since) {
             (Some(slot), Some(since)) => {
-                let node = self.nodes[slot as usize];
-                if node.since != since {
+                if self.nodes[slot as usize].since() != since.min(SINCE_MAX) {
                     self.unlink(slot);
-                    self.nodes[slot as usize].since = since;
+                    self.nodes[slot as usize].set_since(since);
                     self.link(slot);
                 }
                 Some(slot)
             }
             (None, Some(since)) => {
-                let node = Node {
-                    since,
-                    tag: tag(),
+                let (tag, space) = place();
+                let mut node = Node {
+                    since_space: 0,
+                    tag,
                     id,
                     prev: NONE,
                     next: NONE,
                 };
+                node.set_since(since);
+                node.set_space(space);
                 let slot = self.allocate(node)?;
                 self.link(slot);
                 self.len += 1;
@@ -132,13 +183,19 @@ impl Ages {
     pub fn since_of(&self, id: u64, slot: Option<AgeSlot>) -> Option<u64> {
         slot.filter(|slot| self.owns(*slot, id))
             .and_then(|slot| self.node(slot))
-            .map(|node| node.since)
+            .map(Node::since)
     }
 
-    /// Lock `id`, at `slot`, now lives under the key with tag `tag` (RENAME, MOVE).
-    pub fn retag(&mut self, id: u64, slot: Option<AgeSlot>, tag: u64) {
+    /// Lock `id`, at `slot`, now lives under a key with tag `tag`, in space `space` (RENAME,
+    /// MOVE).
+    pub fn retag(&mut self, id: u64, slot: Option<AgeSlot>, tag: u64, space: Space) {
         if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {
             self.nodes[slot as usize].tag = tag;
+            if self.nodes[slot as usize].space() != space {
+                self.unlink(slot);
+                self.nodes[slot as usize].set_space(space);
+                self.link(slot);
+            }
         }
     }
 
@@ -151,12 +208,20 @@ impl Ages {
 
     /// The oldest hold's grant time and its key's tag.
     pub fn oldest(&self) -> Option<(u64, u64)> {
-        let listed = self.node(self.head).map(|n| (n.since, n.tag));
-        let aside = self
+        (0..self.lists.len())
+            .filter_map(|space| self.oldest_in(space as Space))
+            .min_by_key(|(since, _)| *since)
+    }
+
+    /// The oldest hold in `space`: its grant time and its key's tag.
+    pub fn oldest_in(&self, space: Space) -> Option<(u64, u64)> {
+        let list = self.lists.get(usize::from(space))?;
+        let listed = self.node(list.head).map(|n| (n.since(), n.tag));
+        let aside = list
             .aside
             .first()
             .and_then(|(_, slot)| self.node(*slot))
-            .map(|n| (n.since, n.tag));
+            .map(|n| (n.since(), n.tag));
         match (listed, aside) {
             (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
             (a, b) => a.or(b),
@@ -165,6 +230,13 @@ impl Ages {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The held locks in `space`.
+    pub fn len_in(&self, space: Space) -> usize {
+        self.lists
+            .get(usize::from(space))
+            .map_or(0, |list| list.len)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -209,51 +281,64 @@ impl Ages {
         self.len -= 1;
     }
 
-    /// Puts the node at `slot` (not linked) in its place by its time.
+    /// The list of the node at `slot`, made when it is the first of its space.
+    fn list_of(&mut self, slot: AgeSlot) -> &mut List {
+        let space = usize::from(self.nodes[slot as usize].space());
+        if self.lists.len() <= space {
+            self.lists.resize_with(space + 1, List::new);
+        }
+        &mut self.lists[space]
+    }
+
+    /// Puts the node at `slot` (not linked) in its place by its time, in its space's list.
     fn link(&mut self, slot: AgeSlot) {
-        let since = self.nodes[slot as usize].since;
+        let since = self.nodes[slot as usize].since();
+        self.list_of(slot).len += 1;
         // The last node no later than it, a few steps back from the tail at most.
-        let mut after = self.tail;
+        let mut after = self.list_of(slot).tail;
         let mut steps = 0;
-        while let Some(prev) = self.node(after).filter(|n| n.since > since).map(|n| n.prev) {
+        while let Some(prev) = self
+            .node(after)
+            .filter(|n| n.since() > since)
+            .map(|n| n.prev)
+        {
             steps += 1;
             if steps > WALK {
                 self.nodes[slot as usize].prev = ASIDE;
-                self.aside.insert((since, slot));
+                self.list_of(slot).aside.insert((since, slot));
                 return;
             }
             after = prev;
         }
         let next = match self.node(after) {
             Some(node) => node.next,
-            None => self.head,
+            None => self.list_of(slot).head,
         };
-        self.join(after, slot);
-        self.join(slot, next);
+        self.join(slot, after, slot);
+        self.join(slot, slot, next);
     }
 
-    /// Takes the node at `slot` out of the list or the set aside.
+    /// Takes the node at `slot` out of its list or the set aside.
     fn unlink(&mut self, slot: AgeSlot) {
-        let Node {
-            since, prev, next, ..
-        } = self.nodes[slot as usize];
-        if prev == ASIDE {
-            self.aside.remove(&(since, slot));
+        let node = self.nodes[slot as usize];
+        self.list_of(slot).len -= 1;
+        if node.prev == ASIDE {
+            self.list_of(slot).aside.remove(&(node.since(), slot));
             return;
         }
-        self.join(prev, next);
+        self.join(slot, node.prev, node.next);
     }
 
-    /// Makes `next` follow `prev` in the list; `NONE` on either side is the list's end (the
-    /// other becomes its head or tail).
-    fn join(&mut self, prev: u32, next: u32) {
+    /// Makes `next` follow `prev` in the list of the node at `slot`; `NONE` on either side is
+    /// the list's end (the other becomes its head or tail).
+    fn join(&mut self, slot: AgeSlot, prev: u32, next: u32) {
         match self.nodes.get_mut(prev as usize) {
             Some(before) => before.next = next,
-            None => self.head = next,
+            None => self.list_of(slot).head = next,
         }
         match self.nodes.get_mut(next as usize) {
             Some(later) => later.prev = prev,
-            None => self.tail = prev,
+            None => self.list_of(slot).tail = prev,
         }
     }
 }
@@ -407,17 +492,17 @@ mod tests {
     fn the_oldest_hold_is_first_and_follows_changes() {
         let mut ages = Ages::new();
         assert_eq!(ages.oldest(), None);
-        let one = ages.set(1, None, Some(500), || 11);
-        let two = ages.set(2, None, Some(300), || 22);
-        assert_eq!(ages.set(3, None, None, || 33), None);
+        let one = ages.set(1, None, Some(500), || (11, 0));
+        let two = ages.set(2, None, Some(300), || (22, 0));
+        assert_eq!(ages.set(3, None, None, || (33, 0)), None);
         assert_eq!(ages.oldest(), Some((300, 22)));
         assert_eq!(ages.len(), 2);
         // The tag is kept; the time moves; the slot stays.
-        assert_eq!(ages.set(2, two, Some(700), || 99), two);
+        assert_eq!(ages.set(2, two, Some(700), || (99, 0)), two);
         assert_eq!(ages.oldest(), Some((500, 11)));
-        ages.retag(1, one, 44);
+        ages.retag(1, one, 44, 0);
         assert_eq!(ages.oldest(), Some((500, 44)));
-        assert_eq!(ages.set(1, one, None, || 0), None);
+        assert_eq!(ages.set(1, one, None, || (0, 0)), None);
         assert_eq!(ages.oldest(), Some((700, 22)));
         ages.forget(2, two);
         assert!(ages.is_empty());
@@ -430,11 +515,11 @@ mod tests {
         // In order, a little out of order (found by the walk back), far out of order (aside).
         let mut slots = Vec::new();
         for (id, since) in (1..=40).map(|i| (i, 1000 + i * 10)) {
-            slots.push((id, ages.set(id, None, Some(since), || id)));
+            slots.push((id, ages.set(id, None, Some(since), || (id, 0))));
         }
-        let near = ages.set(41, None, Some(1395), || 41);
-        let far = ages.set(42, None, Some(1001), || 42);
-        assert_eq!(ages.aside.len(), 1);
+        let near = ages.set(41, None, Some(1395), || (41, 0));
+        let far = ages.set(42, None, Some(1001), || (42, 0));
+        assert_eq!(ages.lists[0].aside.len(), 1);
         assert_eq!(ages.len(), 42);
         assert_eq!(ages.oldest(), Some((1001, 42)));
         ages.forget(42, far);
@@ -444,36 +529,68 @@ mod tests {
             ages.forget(*id, *slot);
         }
         assert_eq!(ages.oldest(), Some((1020, 2)));
-        assert_eq!(ages.set(41, near, Some(1005), || 0), near);
+        assert_eq!(ages.set(41, near, Some(1005), || (0, 0)), near);
         assert_eq!(ages.oldest(), Some((1005, 41)));
-        let order: Vec<u64> = std::iter::successors(ages.node(ages.head).copied(), |n| {
+        let order: Vec<u64> = std::iter::successors(ages.node(ages.lists[0].head).copied(), |n| {
             ages.node(n.next).copied()
         })
-        .map(|n| n.since)
+        .map(|n| n.since())
         .collect();
         let mut sorted = order.clone();
         sorted.sort_unstable();
         assert_eq!(order, sorted);
-        assert_eq!(order.len() + ages.aside.len(), ages.len());
+        assert_eq!(order.len() + ages.lists[0].aside.len(), ages.len());
     }
 
     #[test]
     fn a_slot_names_its_lock_only_while_it_has_it() {
         let mut ages = Ages::new();
-        let old = ages.set(1, None, Some(100), || 1);
+        let old = ages.set(1, None, Some(100), || (1, 0));
         ages.forget(1, old);
         // The slot is reused by lock 2; lock 1's stale slot changes nothing.
-        let new = ages.set(2, None, Some(200), || 2);
+        let new = ages.set(2, None, Some(200), || (2, 0));
         assert_eq!(new, old);
         ages.forget(1, old);
-        assert_eq!(ages.set(1, old, None, || 0), None);
-        ages.retag(1, old, 9);
+        assert_eq!(ages.set(1, old, None, || (0, 0)), None);
+        ages.retag(1, old, 9, 0);
         assert_eq!(ages.oldest(), Some((200, 2)));
         // After a clear, the values' old slots name nothing.
         ages.clear();
-        assert_eq!(ages.set(2, new, Some(300), || 3), Some(0));
+        assert_eq!(ages.set(2, new, Some(300), || (3, 0)), Some(0));
         assert_eq!(ages.len(), 1);
         assert_eq!(ages.oldest(), Some((300, 3)));
+    }
+
+    #[test]
+    fn each_space_keeps_its_own_oldest_and_count() {
+        let mut ages = Ages::new();
+        let a = ages.set(1, None, Some(500), || (11, 2));
+        let b = ages.set(2, None, Some(300), || (22, 0));
+        let c = ages.set(3, None, Some(400), || (33, 2));
+        assert_eq!((ages.len_in(0), ages.len_in(1), ages.len_in(2)), (1, 0, 2));
+        assert_eq!(ages.len_in(7), 0);
+        assert_eq!(ages.oldest_in(2), Some((400, 33)));
+        assert_eq!(ages.oldest_in(1), None);
+        assert_eq!(ages.oldest(), Some((300, 22)));
+        // Renamed into another space: it leaves one list for the other, its time kept.
+        ages.retag(3, c, 44, 0);
+        assert_eq!((ages.len_in(0), ages.len_in(2)), (2, 1));
+        assert_eq!(ages.oldest_in(2), Some((500, 11)));
+        assert_eq!(ages.oldest_in(0), Some((300, 22)));
+        // A grant time moves within the list; the space stays.
+        assert_eq!(ages.set(2, b, Some(900), || (0, 5)), b);
+        assert_eq!(ages.oldest_in(0), Some((400, 44)));
+        assert_eq!(ages.len_in(5), 0);
+        ages.forget(1, a);
+        ages.forget(2, b);
+        ages.forget(3, c);
+        assert!(ages.is_empty());
+        assert_eq!((ages.len_in(0), ages.len_in(2)), (0, 0));
+        assert_eq!(ages.oldest(), None);
+        // A grant time past what a node records exactly is kept as the latest it can say.
+        let far = ages.set(4, None, Some(u64::MAX), || (44, 3));
+        assert_eq!(ages.oldest_in(3), Some((SINCE_MAX, 44)));
+        assert_eq!(ages.since_of(4, far), Some(SINCE_MAX));
     }
 
     #[test]

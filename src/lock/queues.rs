@@ -486,6 +486,32 @@ impl<H> Queues<H> {
         self.ages.first_key_value().map(|(_, age)| *age)
     }
 
+    /// Every key with waiters of its own (a multi-lock waiter counts on its first key, as in
+    /// the waiters gauge): how many, and when the one waiting longest began.
+    pub fn each_key(&self, mut found: impl FnMut(&[u8], usize, Instant)) {
+        for keys in self.dbs.values() {
+            for (key, queue) in keys {
+                let acquirers = queue
+                    .acquirers
+                    .iter()
+                    .filter(|(_, slot)| matches!(slot, Slot::Waiter(_)))
+                    .map(|(id, _)| *id);
+                let watchers = queue
+                    .watchers
+                    .values()
+                    .flat_map(|group| group.keys().copied());
+                let (count, first) = acquirers
+                    .chain(watchers)
+                    .fold((0, u64::MAX), |(count, first), id| {
+                        (count + 1, first.min(id))
+                    });
+                if let Some((since, _)) = self.ages.get(&first) {
+                    found(key, count, *since);
+                }
+            }
+        }
+    }
+
     /// The acquirers queued on `key`: (exclusive, shared or permit).
     pub fn acquirers_by_mode(&self, db: i32, key: &[u8]) -> (usize, usize) {
         let Some(queue) = self.queue(db, key) else {

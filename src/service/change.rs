@@ -17,6 +17,7 @@ use crate::lock::floor;
 use crate::lock::lease_index::Entry;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
+use crate::service::policy::{self, Stat};
 use crate::service::value::{in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::{effects, holds, leases};
@@ -137,6 +138,7 @@ pub fn expire_overdue_within(
         let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
         if change(ctx, key, stored, now, expire).is_some() {
             metrics::EXPIRED.incr();
+            policy::tally(key.as_slice(), Stat::Expired, 1);
         }
         return false;
     }
@@ -147,6 +149,7 @@ pub fn expire_overdue_within(
         lock.expire_members(now, budget)
     });
     metrics::EXPIRED.add(expired as u64);
+    policy::tally(key.as_slice(), Stat::Expired, expired as u64);
     stored.lock().is_overdue(now)
 }
 

@@ -30,7 +30,7 @@ use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
 use crate::service::multi::{self, macquire, mrelease};
-use crate::service::policy::{self, Judging};
+use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
@@ -225,6 +225,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 metrics::ACQUIRE_WAIT.record(0);
             }
             metrics::ACQUIRED.incr();
+            policy::tally(key_name.as_slice(), Stat::Acquired, 1);
             match options.sync.filter(SyncRequest::waits) {
                 Some(sync) => {
                     let confirms = match grant {
@@ -240,6 +241,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             // Found taken: counted here, once, whatever follows (nil, a full queue, a wait that
             // ends in a grant or a timeout), as LOCK.MACQUIRE counts.
             metrics::ACQUIRE_CONTENDED.incr();
+            policy::tally(key_name.as_slice(), Stat::Contended, 1);
             match options.wait {
                 Some(timeout) if may_block(ctx) => {
                     let (db, name) = waiters::key_ref(ctx, key_name);
@@ -353,6 +355,7 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
     if changed {
         // Counted as replicas count the replicated change: a hold freed or a lock-delay ended.
         metrics::FORCED.incr();
+        policy::tally(key_name.as_slice(), Stat::Forced, 1);
         reclaim_if_due(ctx, &key, key_name, now);
     }
     Ok(RedisValue::Integer(i64::from(freed)))
@@ -571,7 +574,7 @@ fn applied(
     }
     if !is_loading(ctx) {
         for _ in 0..times {
-            count_applied(event);
+            count_applied(key_name.as_slice(), event);
         }
         let lock = stored.lock();
         // A new shared hold or permit: the newest member has the key's new fence.
@@ -627,17 +630,27 @@ fn floor_cmd(ctx: &Context, args: &[RedisString]) -> CommandResult {
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
 
-/// Replicas count what their primary did, so INFO reads alike on both.
-fn count_applied(event: Event) {
-    match event {
-        Event::Acquire => metrics::ACQUIRED.incr(),
+/// Replicas count what their primary did, so INFO reads alike on both (per namespace too, by
+/// the replica's own policy).
+fn count_applied(key: &[u8], event: Event) {
+    let stat = match event {
         // The primary counts a downgrade as the acquire it is.
-        Event::Downgrade => metrics::ACQUIRED.incr(),
-        Event::Release | Event::DropHold => metrics::RELEASED.incr(),
-        Event::SessionEnd => metrics::SESSION_RELEASED.incr(),
-        Event::Renew => metrics::RENEWED.incr(),
-        Event::Expired => metrics::EXPIRED.incr(),
-        Event::ForceRelease => metrics::FORCED.incr(),
-        Event::Sync | Event::Reclaim => {}
-    }
+        Event::Acquire | Event::Downgrade => {
+            metrics::ACQUIRED.incr();
+            Stat::Acquired
+        }
+        Event::Expired => {
+            metrics::EXPIRED.incr();
+            Stat::Expired
+        }
+        Event::ForceRelease => {
+            metrics::FORCED.incr();
+            Stat::Forced
+        }
+        Event::Release | Event::DropHold => return metrics::RELEASED.incr(),
+        Event::SessionEnd => return metrics::SESSION_RELEASED.incr(),
+        Event::Renew => return metrics::RENEWED.incr(),
+        Event::Sync | Event::Reclaim => return,
+    };
+    policy::tally(key, stat, 1);
 }

@@ -15,7 +15,7 @@ use crate::host::timer;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
-use crate::service::{change, effects, expiry, holds, safety, waiters};
+use crate::service::{change, effects, expiry, holds, policy, safety, waiters};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -142,8 +142,10 @@ fn run(ctx: &Context) {
             }
             Job::CheckConfig => {
                 safety::check(ctx);
-                // A new lock.long-hold moves every held lock's crossing: index them afresh.
-                if holds::threshold_changed() {
+                // A new lock.long-hold moves every held lock's crossing, and a new policy their
+                // namespaces: index them afresh (both flags are taken).
+                let moved = holds::threshold_changed();
+                if policy::spaces_changed() || moved {
                     expiry::rebuild(ctx);
                 }
             }

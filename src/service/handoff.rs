@@ -26,6 +26,7 @@ use crate::lock::slots;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
 use crate::service::change::{expire_overdue, grant_key, grant_stored};
+use crate::service::policy::{self, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored};
 use crate::service::waiters;
 
@@ -189,6 +190,7 @@ fn timed_out(tag: &Tag) -> RedisValue {
         RedisValue::Integer(0)
     } else {
         metrics::ACQUIRE_TIMEOUTS.incr();
+        policy::tally(&tag.key.1, Stat::Timeouts, 1);
         RedisValue::Null
     }
 }
@@ -356,6 +358,7 @@ fn serve_all(ctx: &Context, tag: &Tag) -> Option<CommandResult> {
                     );
                 }
                 metrics::ACQUIRED.incr();
+                policy::tally(name.as_slice(), Stat::Acquired, 1);
                 fences.push(RedisValue::Integer(fence_reply(fence)));
             }
             Err(error) => return Some(Err(error)),
@@ -575,6 +578,7 @@ fn grant_head(
             let waited = u64::try_from(head.since.elapsed().as_micros()).unwrap_or(u64::MAX);
             metrics::ACQUIRE_WAIT.record(waited);
             metrics::ACQUIRED.incr();
+            policy::tally(key_name.as_slice(), Stat::Acquired, 1);
             (Ok(fence), matches!(grant, Acquire::Granted { .. }))
         }
         Ok(Acquire::Busy) => return None,

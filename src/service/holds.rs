@@ -17,13 +17,13 @@ use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
-use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog};
+use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog, Space};
 use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::lock::sessions;
 use crate::metrics;
-use crate::service::leases;
 use crate::service::value::{Entries, Stored};
+use crate::service::{leases, policy};
 
 static AGES: Mutex<Ages> = Mutex::new(Ages::new());
 static LOG: Mutex<LongLog> = Mutex::new(LongLog::new());
@@ -85,13 +85,20 @@ pub fn follow_change(stored: &Stored, key: &[u8], event: Event) {
 }
 
 fn set_oldest(stored: &Stored, key: &[u8], since: Option<u64>) {
-    let slot = ages().set(stored.id(), stored.age_slot(), since, || tag_of(key));
+    let slot = ages().set(stored.id(), stored.age_slot(), since, || {
+        (tag_of(key), policy::space_of(key))
+    });
     stored.set_age_slot(slot);
 }
 
 /// The lock `stored` arrived under `key` (RENAME, MOVE, COPY, RESTORE).
 pub fn arrived(stored: &Stored, key: &[u8]) {
-    ages().retag(stored.id(), stored.age_slot(), tag_of(key));
+    ages().retag(
+        stored.id(),
+        stored.age_slot(),
+        tag_of(key),
+        policy::space_of(key),
+    );
     follow(stored, key);
 }
 
@@ -182,6 +189,16 @@ pub fn oldest() -> (u64, String) {
         Some((since, tag)) => (now_ms().saturating_sub(since), tag_text(tag)),
         None => (0, String::new()),
     }
+}
+
+/// INFO, per namespace: the held locks in `space`, and the age of their oldest hold in ms (0
+/// when none).
+pub fn in_space(space: Space) -> (usize, u64) {
+    let ages = ages();
+    let oldest = ages
+        .oldest_in(space)
+        .map_or(0, |(since, _)| now_ms().saturating_sub(since));
+    (ages.len_in(space), oldest)
 }
 
 /// `LOCK.LONGHOLDS GET [count] | LEN | RESET`.

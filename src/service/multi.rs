@@ -19,7 +19,7 @@ use crate::metrics;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{expire_overdue, grant_key, release_key};
 use crate::service::handoff::{self, fence_reply};
-use crate::service::policy::{self, Judging};
+use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::in_key_mut;
 use crate::service::waiters;
 
@@ -196,7 +196,11 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
         };
     }
     if !grantable {
+        // Counted once, in the namespace of the first key (where the waiter queues).
         metrics::ACQUIRE_CONTENDED.incr();
+        if let Some(first) = keys.first() {
+            policy::tally(first.as_slice(), Stat::Contended, 1);
+        }
         let Some(timeout) = options.wait.filter(|_| may_block(ctx)) else {
             return Ok(RedisValue::Null);
         };
@@ -238,6 +242,7 @@ pub fn macquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             metrics::ACQUIRE_WAIT.record(0);
         }
         metrics::ACQUIRED.incr();
+        policy::tally(name.as_slice(), Stat::Acquired, 1);
         fences.push(RedisValue::Integer(fence_reply(fence)));
     }
     Ok(RedisValue::Array(fences))

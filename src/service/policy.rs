@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis_module::{Context, RedisString, RedisValue};
 use sha2::{Digest, Sha256};
@@ -19,6 +19,7 @@ use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::config::StringConfig;
 use crate::host::log_notice;
 use crate::host::server::{caller_id, is_replayed, now_ms};
+use crate::lock::ages::Space;
 use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
 
 /// The rules a request can break, in the order of their counters.
@@ -35,12 +36,33 @@ pub const RULES: [&str; 10] = [
     "max-waiters",
 ];
 
-/// What one namespace refused (`enforce`) and let through (`warn`), per rule.
+/// What one namespace refused (`enforce`) and let through (`warn`), per rule, and what its
+/// locks did (by [`Stat`]).
 #[derive(Clone, Copy, Default)]
 pub struct Counts {
     pub refused: [u64; RULES.len()],
     pub warned: [u64; RULES.len()],
+    pub stats: [u64; STATS.len()],
 }
+
+/// What a namespace's locks did, counted where the server-wide counters of the same names are
+/// (`lock_acquired`, `lock_acquire_contended`, `lock_acquire_timeouts`, `lock_expired`,
+/// `lock_forced`), in the namespace the key is in at that moment.
+#[derive(Clone, Copy)]
+pub enum Stat {
+    Acquired,
+    Contended,
+    Timeouts,
+    Expired,
+    Forced,
+}
+
+/// The names of the [`Stat`]s in INFO, in their order.
+pub const STATS: [&str; 5] = ["acquired", "contended", "timeouts", "expired", "forced"];
+
+/// The name metrics give the keys no namespace takes, when the policy has no namespace of that
+/// name.
+const DEFAULT: &str = "default";
 
 /// How long a client's warnings of one rule in one namespace stay silent after an audit line.
 const WARN_LINE_EVERY_MS: u64 = 60_000;
@@ -93,6 +115,7 @@ fn parse(text: &[u8]) -> Result<Policy, String> {
 /// Puts `policy` in force.
 fn install(policy: Policy) {
     ANY.store(!policy.is_empty(), Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::Relaxed);
     COUNTS.with(|counts| {
         let mut counts = counts.borrow_mut();
         if counts.len() > COUNTS_KEPT {
@@ -203,6 +226,136 @@ pub fn totals() -> (usize, u64, u64) {
 /// True while some namespace is defined (a request with none is never looked at further).
 pub fn any() -> bool {
     ANY.load(Ordering::Relaxed)
+}
+
+/// Counts `n` of `stat` for the namespace of `key`. Nothing without namespaces.
+pub fn tally(key: &[u8], stat: Stat, n: u64) {
+    if !ANY.load(Ordering::Relaxed) || n == 0 {
+        return;
+    }
+    with(|policy| {
+        let Some(policy) = policy else {
+            return;
+        };
+        let name = policy
+            .namespace_of(key)
+            .map_or(DEFAULT, |(namespace, _)| namespace.name.as_str());
+        COUNTS.with(|counts| {
+            let mut counts = counts.borrow_mut();
+            if let Some(counts) = counts.get_mut(name) {
+                counts.stats[stat as usize] += n;
+            } else {
+                counts.entry(name.to_string()).or_default().stats[stat as usize] = n;
+            }
+        });
+    });
+}
+
+/// The space of `key` among the held locks' ages (see `lock::ages::Space`): its namespace's
+/// position in the policy plus one, 0 for a key in no namespace (or without a policy).
+pub fn space_of(key: &[u8]) -> Space {
+    if !ANY.load(Ordering::Relaxed) {
+        return 0;
+    }
+    with(|policy| {
+        policy
+            .and_then(|policy| policy.position_of(key))
+            .and_then(|(at, _)| Space::try_from(at + 1).ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Bumped whenever a policy is put in force: the held locks' spaces must then be found again.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The generation the held locks' spaces were last found for.
+static PARTITIONED: AtomicU64 = AtomicU64::new(0);
+
+/// True (once per change) when the policy changed since the held locks were last put in their
+/// namespaces' spaces: the ages must be rebuilt from the keyspace (see `expiry::rebuild`).
+pub fn spaces_changed() -> bool {
+    let now = GENERATION.load(Ordering::Relaxed);
+    PARTITIONED.swap(now, Ordering::Relaxed) != now
+}
+
+/// One namespace's INFO line: its name, and its fields in order.
+pub type NamespaceFields = (String, Vec<(String, i64)>);
+
+/// INFO: a line per namespace of the policy in force (and `default` when the policy does not
+/// name it), none without a policy. `held` and `waiters` are what the namespace holds and
+/// queues now: `held(space)` answers the held locks and the oldest hold's age of a space,
+/// `queued` each key with waiters and how many, and how long its oldest has waited.
+pub fn namespace_fields(
+    held: impl Fn(Space) -> (usize, u64),
+    queued: impl FnOnce(&mut dyn FnMut(&[u8], usize, u64)),
+) -> Vec<NamespaceFields> {
+    if !ANY.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
+    with(|policy| {
+        let Some(policy) = policy else {
+            return Vec::new();
+        };
+        let mut names: Vec<&str> = policy
+            .namespaces()
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        // The keys in no namespace: space 0, on a row of their own.
+        let implicit = !names.contains(&DEFAULT);
+        let defined = names.len();
+        let space_of_row = |row: usize| -> Space {
+            if implicit && row == defined {
+                0
+            } else {
+                Space::try_from(row + 1).unwrap_or(0)
+            }
+        };
+        if implicit {
+            names.push(DEFAULT);
+        }
+        let mut waiting = vec![(0usize, 0u64); names.len()];
+        queued(&mut |key, count, waited_ms| {
+            let row = policy
+                .position_of(key)
+                .map_or(names.len() - 1, |(at, _)| at);
+            if let Some((n, oldest)) = waiting.get_mut(row) {
+                *n += count;
+                *oldest = (*oldest).max(waited_ms);
+            }
+        });
+        names
+            .iter()
+            .enumerate()
+            .map(|(row, name)| {
+                let (held_now, oldest_hold) = held(space_of_row(row));
+                let (waiters, oldest_wait) = waiting[row];
+                let counts = counts_of(name);
+                let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+                let mut fields = vec![
+                    ("held".to_string(), n(held_now as u64)),
+                    ("waiters".to_string(), n(waiters as u64)),
+                ];
+                fields.extend(
+                    STATS
+                        .iter()
+                        .zip(counts.stats)
+                        .map(|(stat, v)| (stat.to_string(), n(v))),
+                );
+                fields.push(("refused".into(), n(counts.refused.iter().sum())));
+                fields.push(("warned".into(), n(counts.warned.iter().sum())));
+                fields.push(("oldest_hold_ms".into(), n(oldest_hold)));
+                fields.push(("oldest_wait_ms".into(), n(oldest_wait)));
+                for (what, by_rule) in [("refused", &counts.refused), ("warned", &counts.warned)] {
+                    for (rule, v) in RULES.iter().zip(by_rule) {
+                        if *v > 0 {
+                            fields.push((format!("{what}_{}", rule.replace('-', "_")), n(*v)));
+                        }
+                    }
+                }
+                (name.to_string(), fields)
+            })
+            .collect()
+    })
 }
 
 /// Which namespaces a call judges: a multi-lock call first asks every key's `enforce`

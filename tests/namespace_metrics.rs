@@ -1,0 +1,188 @@
+//! Metrics cut by namespace: INFO's `lock_namespace_<name>` lines (held, waiters, the counters,
+//! refusals and warnings by rule, the oldest hold and wait), counted where the server-wide
+//! ones are, on a replica too; held locks follow their keys into a new policy, a rename and a
+//! deletion; no line without namespaces.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use common::*;
+
+const POLICY: &str = "orders prefix=orders: mode=enforce max-ttl=30000; \
+                      batch prefix=batch: mode=warn label=required";
+
+/// The fields of `lock_namespace_<name>` in INFO lock, or `None` without that line.
+fn namespace_info(server: &Server, name: &str) -> Option<BTreeMap<String, i64>> {
+    let info = server.conn().call(&["INFO", "lock"]).text();
+    let line = info
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("lock_namespace_{name}:")))?;
+    Some(
+        line.trim()
+            .split(',')
+            .map(|pair| {
+                let (field, value) = pair.split_once('=').expect("field=value");
+                (field.to_string(), value.parse().expect("an integer"))
+            })
+            .collect(),
+    )
+}
+
+/// The fields every test compares, from a namespace's line.
+fn counted(fields: &BTreeMap<String, i64>) -> BTreeMap<&'static str, i64> {
+    [
+        "held",
+        "waiters",
+        "acquired",
+        "contended",
+        "timeouts",
+        "expired",
+        "forced",
+        "refused",
+        "warned",
+    ]
+    .into_iter()
+    .map(|field| (field, fields[field]))
+    .collect()
+}
+
+fn expect(pairs: [i64; 9]) -> BTreeMap<&'static str, i64> {
+    [
+        "held",
+        "waiters",
+        "acquired",
+        "contended",
+        "timeouts",
+        "expired",
+        "forced",
+        "refused",
+        "warned",
+    ]
+    .into_iter()
+    .zip(pairs)
+    .collect()
+}
+
+#[test]
+fn each_namespace_counts_what_its_locks_did_on_primary_and_replica() {
+    let primary = Server::start_with(Config::default().namespaces(POLICY));
+    let replica = Server::start_with(Config::default().namespaces(POLICY));
+    replica.replicate_from(&primary);
+    let started = Instant::now();
+    let mut c = primary.conn();
+    acquire(&mut c, "orders:1", "t", 30_000);
+    acquire(&mut c, "orders:2", "t", 30_000);
+    // Warned twice (no label), granted both times; one lease runs out.
+    acquire(&mut c, "batch:1", "t", 30_000);
+    acquire(&mut c, "batch:2", "t", 100);
+    acquire(&mut c, "elsewhere", "t", 30_000);
+    // Contended three times: found taken, timed out, and queued.
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "orders:1", "u", "1000"]),
+        Reply::Nil
+    );
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "orders:1", "u", "1000", "WAIT", "50"]),
+        Reply::Nil
+    );
+    let _waiter = queue_waiter(&primary, "orders:2", "u", 1_000, 60_000);
+    // Refused by the max-ttl rule.
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "orders:3", "t", "600000"]),
+        Reply::error("POLICY orders: ttl 600000 above the namespace's max-ttl 30000")
+    );
+    assert_eq!(c.call(&["LOCK.FORCERELEASE", "elsewhere"]), Reply::Int(1));
+    wait_for("the short lease to end", || {
+        (primary.info_int("lock_expired") == 1).then_some(())
+    });
+
+    let orders = namespace_info(&primary, "orders").expect("orders line");
+    assert_eq!(counted(&orders), expect([2, 1, 2, 3, 1, 0, 0, 1, 0]));
+    assert_eq!(orders["refused_max_ttl"], 1);
+    assert!(!orders.contains_key("warned_label"), "{orders:?}");
+    let batch = namespace_info(&primary, "batch").expect("batch line");
+    assert_eq!(counted(&batch), expect([1, 0, 2, 0, 0, 1, 0, 0, 2]));
+    assert_eq!(batch["warned_label"], 2);
+    let default = namespace_info(&primary, "default").expect("default line");
+    assert_eq!(counted(&default), expect([0, 0, 1, 0, 0, 0, 1, 0, 0]));
+    // The ages: orders:1 was granted first, and nobody holds in default.
+    let elapsed = started.elapsed().as_millis() as i64;
+    assert!(
+        orders["oldest_hold_ms"] >= batch["oldest_hold_ms"],
+        "{orders:?} {batch:?}"
+    );
+    assert!(orders["oldest_hold_ms"] <= elapsed, "{orders:?}");
+    assert!(orders["oldest_wait_ms"] <= elapsed, "{orders:?}");
+    assert_eq!(
+        (default["oldest_hold_ms"], default["oldest_wait_ms"]),
+        (0, 0)
+    );
+    assert_eq!(batch["oldest_wait_ms"], 0);
+
+    // The replica counts the changes it applied, in its own namespaces: no contention, no
+    // refusal, no waiter (those happen on the primary only).
+    wait_for("the replica to apply everything", || {
+        (replica.info_int("lock_forced") == 1 && replica.info_int("lock_expired") == 1)
+            .then_some(())
+    });
+    let on_replica = |name| counted(&namespace_info(&replica, name).expect("line"));
+    assert_eq!(on_replica("orders"), expect([2, 0, 2, 0, 0, 0, 0, 0, 0]));
+    assert_eq!(on_replica("batch"), expect([1, 0, 2, 0, 0, 1, 0, 0, 0]));
+    assert_eq!(on_replica("default"), expect([0, 0, 1, 0, 0, 0, 1, 0, 0]));
+}
+
+#[test]
+fn held_locks_follow_their_keys_into_a_new_policy_a_rename_and_a_deletion() {
+    let server = Server::start_with(Config::default().namespaces("a prefix=a:"));
+    let mut c = server.conn();
+    for key in ["a:1", "b:1", "c:1", "c:2"] {
+        acquire(&mut c, key, "t", 60_000);
+    }
+    let held = |name: &str| namespace_info(&server, name).map(|f| f["held"]);
+    assert_eq!((held("a"), held("default")), (Some(1), Some(3)));
+    assert_eq!(
+        c.call(&[
+            "CONFIG",
+            "SET",
+            "lock.namespaces",
+            "b prefix=b:; c prefix=c:"
+        ]),
+        Reply::status("OK")
+    );
+    wait_for("the held locks to be counted in the new namespaces", || {
+        (held("b") == Some(1) && held("c") == Some(2)).then_some(())
+    });
+    assert_eq!((held("a"), held("default")), (None, Some(1)));
+    // A rename takes the lock to its new key's namespace; a deletion out of its own.
+    assert_eq!(c.call(&["RENAME", "a:1", "b:2"]), Reply::status("OK"));
+    assert_eq!((held("b"), held("default")), (Some(2), Some(0)));
+    assert_eq!(c.call(&["DEL", "c:1"]), Reply::Int(1));
+    assert_eq!(held("c"), Some(1));
+    assert_eq!(server.info_int("lock_held"), 3);
+    // Without namespaces, no line at all.
+    assert_eq!(
+        c.call(&["CONFIG", "SET", "lock.namespaces", ""]),
+        Reply::status("OK")
+    );
+    let info = c.call(&["INFO", "lock"]).text();
+    assert!(!info.contains("lock_namespace_"), "{info}");
+}
+
+#[test]
+fn a_default_namespace_of_the_policy_has_one_line_for_every_key_outside_the_others() {
+    let server = Server::start_with(
+        Config::default().namespaces("x prefix=x:; default mode=warn max-ttl=1000"),
+    );
+    let mut c = server.conn();
+    acquire(&mut c, "x:1", "t", 60_000);
+    acquire(&mut c, "y:1", "t", 60_000);
+    acquire(&mut c, "z", "t", 60_000);
+    let info = c.call(&["INFO", "lock"]).text();
+    assert_eq!(info.matches("lock_namespace_default:").count(), 1, "{info}");
+    let default = namespace_info(&server, "default").expect("default line");
+    assert_eq!(counted(&default), expect([2, 0, 2, 0, 0, 0, 0, 0, 2]));
+    assert_eq!(default["warned_max_ttl"], 2);
+    assert_eq!(namespace_info(&server, "x").expect("x line")["held"], 1);
+}
