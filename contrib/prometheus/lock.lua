@@ -11,17 +11,27 @@
 --
 -- The exporter parses every value as a float and fails the whole scrape (redis_up 0) on the
 -- first one it cannot parse, so only numeric fields are returned. lock_version, a string,
--- becomes the key "lock_version=<version>" with the value 1 (recording.yml: lock_build_info);
--- other strings (lock_oldest_hold_tag, lock_oldest_wait_tag) are left out. Without the module
--- INFO lock is empty and so is the reply: no lock_* series, nothing fails.
+-- becomes the key "lock_version=<version>" with the value 1 (recording.yml: lock_build_info),
+-- and lock_policy_digest the key "lock_policy_digest=<digest>" (lock_policy_info); other
+-- strings (lock_oldest_hold_tag, lock_oldest_wait_tag) are left out. A namespace's line,
+--   lock_namespace_orders:held=2,waiters=0,...,refused_max_ttl=1
+-- becomes one key per field, "lock_namespace_<field>/<namespace>" (recording.yml: the
+-- lock_namespace_* series with a namespace label). Without the module INFO lock is empty and so
+-- is the reply: no lock_* series, nothing fails.
 local result = {}
 local info = redis.call('INFO', 'lock')
-for name, value in string.gmatch(info, '(lock_[%w_]+):([^\r\n]*)') do
-    if string.match(value, '^%-?%d+$') or string.match(value, '^%-?%d+%.%d+$') then
+for name, value in string.gmatch(info, '(lock_[%w_%-]+):([^\r\n]*)') do
+    local namespace = string.match(name, '^lock_namespace_(.+)$')
+    if namespace then
+        for field, number in string.gmatch(value, '([%w_]+)=(%-?%d+)') do
+            table.insert(result, 'lock_namespace_' .. field .. '/' .. namespace)
+            table.insert(result, number)
+        end
+    elseif string.match(value, '^%-?%d+$') or string.match(value, '^%-?%d+%.%d+$') then
         table.insert(result, name)
         table.insert(result, value)
-    elseif name == 'lock_version' then
-        table.insert(result, 'lock_version=' .. value)
+    elseif name == 'lock_version' or (name == 'lock_policy_digest' and value ~= '') then
+        table.insert(result, name .. '=' .. value)
         table.insert(result, '1')
     end
 end
