@@ -186,3 +186,46 @@ fn a_default_namespace_of_the_policy_has_one_line_for_every_key_outside_the_othe
     assert_eq!(default["warned_max_ttl"], 2);
     assert_eq!(namespace_info(&server, "x").expect("x line")["held"], 1);
 }
+
+#[test]
+fn a_policy_changed_again_while_locks_are_being_recounted_ends_with_the_last_one() {
+    let server = Server::start_with(Config::default());
+    let mut c = server.conn();
+    // Enough keys that the walk after a change takes several slices.
+    assert_eq!(
+        c.call(&["DEBUG", "POPULATE", "300000", "filler"]),
+        Reply::status("OK")
+    );
+    const LOCKS: usize = 3_000;
+    for i in 0..LOCKS {
+        c.send(&["LOCK.ACQUIRE", &format!("k{}:{i}", i % 3), "t", "600000"]);
+    }
+    for _ in 0..LOCKS {
+        assert!(c.read().is_int());
+    }
+    // Two changes in a row, the second while the first walk has barely begun, and locks taken
+    // and deleted meanwhile.
+    c.send(&["CONFIG", "SET", "lock.namespaces", "a prefix=k0:"]);
+    c.send(&[
+        "CONFIG",
+        "SET",
+        "lock.namespaces",
+        "a prefix=k1:; b prefix=k2:",
+    ]);
+    c.send(&["DEL", "k1:1", "k2:2"]);
+    c.send(&["LOCK.ACQUIRE", "k1:new", "t", "600000"]);
+    assert_eq!(c.read(), Reply::status("OK"));
+    assert_eq!(c.read(), Reply::status("OK"));
+    assert_eq!(c.read(), Reply::Int(2));
+    assert!(c.read().is_int());
+    let third = (LOCKS / 3) as i64;
+    wait_for("every held lock to be counted in its namespace", || {
+        let held = |name| namespace_info(&server, name).map(|f| f["held"]);
+        (held("a") == Some(third) && held("b") == Some(third - 1)).then_some(())
+    });
+    assert_eq!(
+        namespace_info(&server, "default").expect("default line")["held"],
+        third
+    );
+    assert_eq!(server.info_int("lock_held"), LOCKS as i64 - 1);
+}

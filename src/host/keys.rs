@@ -196,3 +196,69 @@ pub fn scan_values<V>(ctx: &Context, ty: &RedisType, mut found: impl FnMut(&[u8]
         destroy(cursor);
     }
 }
+
+/// A scan of the selected database's values of one type that goes on where it stopped, for work
+/// done in slices across event-loop turns (see `service::deferred`). The server's scan visits
+/// every key present from its start to its end at least once (some twice), whatever changes
+/// meanwhile.
+pub struct ValueScan {
+    cursor: *mut raw::RedisModuleScanCursor,
+}
+
+// SAFETY: the cursor is only ever used on the main thread (timer callbacks); the scan is kept in
+// a static between them, which needs `Send`.
+unsafe impl Send for ValueScan {}
+
+impl ValueScan {
+    /// A scan from the start; `None` when the server offers no scan.
+    pub fn new() -> Option<Self> {
+        // SAFETY: reading the API table, then a call that takes no arguments.
+        let cursor = unsafe { raw::RedisModule_ScanCursorCreate.map(|create| create())? };
+        (!cursor.is_null()).then_some(ValueScan { cursor })
+    }
+
+    /// From the start again (of whichever database is selected when it next steps).
+    pub fn restart(&mut self) {
+        // SAFETY: a cursor this scan created and has not destroyed.
+        unsafe {
+            if let Some(restart) = raw::RedisModule_ScanCursorRestart {
+                restart(self.cursor);
+            }
+        }
+    }
+
+    /// Takes one step of the scan of the selected database, calling `found` with the name and
+    /// value of each key of type `ty` it meets. False once the database has been scanned to its
+    /// end. `V` must be the Rust type of that data type's values.
+    pub fn step<V>(
+        &mut self,
+        ctx: &Context,
+        ty: &RedisType,
+        mut found: impl FnMut(&[u8], &V),
+    ) -> bool {
+        let mut scan = Scan::<V> {
+            found: &mut found,
+            raw_type: *ty.raw_type.borrow(),
+        };
+        // SAFETY: a valid context and a live cursor; `scan` outlives the call, which runs its
+        // callback synchronously.
+        unsafe {
+            let Some(run) = raw::RedisModule_Scan else {
+                return false;
+            };
+            let privdata = ptr::from_mut(&mut scan).cast::<c_void>();
+            run(ctx.ctx, self.cursor, Some(scan_one::<V>), privdata) != 0
+        }
+    }
+}
+
+impl Drop for ValueScan {
+    fn drop(&mut self) {
+        // SAFETY: a cursor this scan created, destroyed once.
+        unsafe {
+            if let Some(destroy) = raw::RedisModule_ScanCursorDestroy {
+                destroy(self.cursor);
+            }
+        }
+    }
+}

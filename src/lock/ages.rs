@@ -191,6 +191,13 @@ impl Ages {
     pub fn retag(&mut self, id: u64, slot: Option<AgeSlot>, tag: u64, space: Space) {
         if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {
             self.nodes[slot as usize].tag = tag;
+        }
+        self.respace(id, slot, space);
+    }
+
+    /// Lock `id`, at `slot`, is now in space `space` (the policy changed).
+    pub fn respace(&mut self, id: u64, slot: Option<AgeSlot>, space: Space) {
+        if let Some(slot) = slot.filter(|slot| self.owns(*slot, id)) {
             if self.nodes[slot as usize].space() != space {
                 self.unlink(slot);
                 self.nodes[slot as usize].set_space(space);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis_module::Context;
 
+use crate::host::keys::ValueScan;
 use crate::host::server::{
     avoid_replica_traffic, is_primary, key_string, now_ms, select_db, selected_db,
 };
@@ -15,6 +16,7 @@ use crate::host::timer;
 use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
+use crate::service::value::{Stored, LOCK_TYPE};
 use crate::service::{change, effects, expiry, holds, policy, safety, waiters};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -29,6 +31,9 @@ pub enum Job {
     CheckConfig,
     /// A child was forked: record the fence floor, outside the command that forked.
     RecordFloor,
+    /// The policy changed: the held locks are being put in their new namespaces (see
+    /// [`RESPACE`]).
+    Respace,
 }
 
 #[derive(Default)]
@@ -51,6 +56,13 @@ struct Closed {
     client: u64,
     keys: VecDeque<KeyRef>,
 }
+
+/// Where the walk over the keyspace that puts every held lock in its namespace's space after a
+/// policy change is: the database, and the scan of it. Worked off in slices, so a change of
+/// `lock.namespaces` never stalls the server for a scan of millions of keys; meanwhile a lock
+/// not reached yet counts in its old namespace (a lock that changes counts in its new one at
+/// once). A new change starts it again.
+static RESPACE: Mutex<Option<(i32, ValueScan)>> = Mutex::new(None);
 
 fn pending() -> MutexGuard<'static, Pending> {
     locked(&PENDING)
@@ -113,6 +125,28 @@ fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     }
 }
 
+/// Goes on with the walk of [`RESPACE`] for what is left of the slice begun at `started`.
+fn respace(ctx: &Context, started: Instant) {
+    let mut state = locked(&RESPACE);
+    while let Some((db, scan)) = state.as_mut() {
+        if !select_db(ctx, *db) {
+            // Past the last database: done.
+            *state = None;
+            return;
+        }
+        let more = scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
+            holds::respace(stored, key)
+        });
+        if !more {
+            *db += 1;
+            scan.restart();
+        }
+        if started.elapsed() >= SLICE {
+            return;
+        }
+    }
+}
+
 /// The timer's callback: runs jobs for one slice, then leaves the rest to the next turn.
 fn run(ctx: &Context) {
     pending().armed = false;
@@ -142,11 +176,14 @@ fn run(ctx: &Context) {
             }
             Job::CheckConfig => {
                 safety::check(ctx);
-                // A new lock.long-hold moves every held lock's crossing, and a new policy their
-                // namespaces: index them afresh (both flags are taken).
+                // A new lock.long-hold moves every held lock's crossing: index them afresh
+                // (which finds their namespaces too). A new policy moves only their namespaces.
                 let moved = holds::threshold_changed();
-                if policy::spaces_changed() || moved {
+                let respace = policy::spaces_changed();
+                if moved {
                     expiry::rebuild(ctx);
+                } else if respace {
+                    *locked(&RESPACE) = ValueScan::new().map(|scan| (0, scan));
                 }
             }
             Job::RecordFloor => effects::record_floor(ctx),
@@ -160,6 +197,7 @@ fn run(ctx: &Context) {
                 end_sessions(ctx, now, started);
             }
             Job::EndSessions => end_sessions(ctx, now, started),
+            Job::Respace => respace(ctx, started),
         }
         if started.elapsed() >= SLICE {
             break;
@@ -169,6 +207,9 @@ fn run(ctx: &Context) {
     let mut p = pending();
     if !locked(&ENDING).is_empty() {
         p.jobs.push(Job::EndSessions);
+    }
+    if locked(&RESPACE).is_some() {
+        p.jobs.push(Job::Respace);
     }
     if !p.jobs.is_empty() && !p.armed {
         p.armed = timer::create(ctx, 0, run).is_some();

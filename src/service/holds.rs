@@ -102,6 +102,11 @@ pub fn arrived(stored: &Stored, key: &[u8]) {
     follow(stored, key);
 }
 
+/// The policy changed: the lock `stored` under `key` is counted in its key's namespace now.
+pub fn respace(stored: &Stored, key: &[u8]) {
+    ages().respace(stored.id(), stored.age_slot(), policy::space_of(key));
+}
+
 /// Before loading's rebuild ([`follow`] for each lock found): no lock has an age.
 pub fn clear() {
     INDEXED_THRESHOLD.store(config::LONG_HOLD.get(), Ordering::Relaxed);
