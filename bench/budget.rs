@@ -8,9 +8,9 @@
 //!   counts the same instructions on every run whatever else the machine does (`usec_per_call`
 //!   swung by 10 to 15% from run to run on a 2-core VM: too much to see a 15% regression). The
 //!   ratio is baseline / module, so above 1 the module does less;
-//! - the same ACQUIREs with `lock.long-hold` set (every grant gets a long-hold crossing) against
-//!   it off: what a configured feature costs a lock nobody asks about (off / on, so 1 is
-//!   nothing);
+//! - the same ACQUIREs with `lock.long-hold` set (every grant gets a long-hold crossing), and
+//!   with 16 namespaces in `lock.namespaces` (every key in one, its rules kept), against each
+//!   off: what a configured feature costs a grant (off / on, so 1 is nothing);
 //! - used_memory per held lock against a `SET key token PX ttl` string (module / baseline, so
 //!   below 1 the lock costs less).
 //!
@@ -370,38 +370,52 @@ fn main() {
         ratios.push((name, ratio, median(&costs.0), median(&costs.1)));
     }
 
-    // A feature configured on against off: fresh-key ACQUIREs with lock.long-hold 300000 (every
-    // grant now has a long-hold crossing, before its lease ends) against lock.long-hold 0. The
-    // ratio is off / on, so 1 says the feature costs a grant nothing.
-    let mut per_round = Vec::with_capacity(ROUNDS);
-    let mut costs = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
-    for round in 0..ROUNDS {
-        let mut run = |conn: &mut Conn, on: bool| -> f64 {
-            util::flushall(conn);
-            let long_hold = if on { "300000" } else { "0" };
-            let set = conn.call(&["CONFIG", "SET", "lock.long-hold", long_hold]);
-            assert_eq!(
-                set,
-                Reply::status("OK"),
-                "CONFIG SET lock.long-hold {long_hold}"
-            );
-            preload(conn, &strings_sha, "x:", FILLER, 20_000, tail);
-            let command = ["LOCK.ACQUIRE", "l:__rand_int__", TOKEN, TTL];
-            let counts = counted.instructions(|server| {
-                redis_benchmark(server, 50, REQUESTS, 16, 100_000_000, &command);
-            });
-            counts.instructions as f64 / REQUESTS as f64
+    // Features configured on against off: fresh-key ACQUIREs with the config set against it at
+    // its default. The ratio is off / on, so 1 says the feature costs a grant nothing.
+    // lock.long-hold 300000: every grant has a long-hold crossing, before its lease ends.
+    // lock.namespaces with 16 namespaces: every key is in the last one defined, in enforce mode
+    // with rules the requests keep (judged, counted, never refused).
+    let namespaces = (0..15)
+        .map(|n| format!("team-{n} prefix=t{n}: mode=enforce max-ttl=60000"))
+        .chain(std::iter::once(format!(
+            "locks prefix=l: mode=enforce min-ttl=1000 max-ttl={TTL} max-wait=60000"
+        )))
+        .collect::<Vec<_>>()
+        .join("; ");
+    for (name, config, on_value) in [
+        ("long-hold", "lock.long-hold", "300000"),
+        ("namespaces", "lock.namespaces", namespaces.as_str()),
+    ] {
+        let off_value = match conn.call(&["CONFIG", "GET", config]).items().get(1) {
+            Some(value) => value.text(),
+            None => panic!("CONFIG GET {config}"),
         };
-        let (off, on) = util::pair(round % 2 == 1, |on| run(&mut conn, on));
-        per_round.push(off / on);
-        costs.0.push(on);
-        costs.1.push(off);
+        let mut per_round = Vec::with_capacity(ROUNDS);
+        let mut costs = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+        for round in 0..ROUNDS {
+            let mut run = |conn: &mut Conn, on: bool| -> f64 {
+                util::flushall(conn);
+                let value = if on { on_value } else { off_value.as_str() };
+                let set = conn.call(&["CONFIG", "SET", config, value]);
+                assert_eq!(set, Reply::status("OK"), "CONFIG SET {config} {value}");
+                preload(conn, &strings_sha, "x:", FILLER, 20_000, tail);
+                let command = ["LOCK.ACQUIRE", "l:__rand_int__", TOKEN, TTL];
+                let counts = counted.instructions(|server| {
+                    redis_benchmark(server, 50, REQUESTS, 16, 100_000_000, &command);
+                });
+                counts.instructions as f64 / REQUESTS as f64
+            };
+            let (off, on) = util::pair(round % 2 == 1, |on| run(&mut conn, on));
+            per_round.push(off / on);
+            costs.0.push(on);
+            costs.1.push(off);
+        }
+        let set = conn.call(&["CONFIG", "SET", config, &off_value]);
+        assert_eq!(set, Reply::status("OK"), "CONFIG SET {config} back");
+        let ratio = median(&per_round);
+        progress(started, &format!("{name}: {ratio:.3}x"));
+        ratios.push((name, ratio, median(&costs.0), median(&costs.1)));
     }
-    let set = conn.call(&["CONFIG", "SET", "lock.long-hold", "0"]);
-    assert_eq!(set, Reply::status("OK"), "CONFIG SET lock.long-hold 0");
-    let long_hold = median(&per_round);
-    progress(started, &format!("long-hold: {long_hold:.3}x"));
-    ratios.push(("long-hold", long_hold, median(&costs.0), median(&costs.1)));
 
     // Memory: bytes per held lock against bytes per SET PX string, median of the rounds.
     let mut per_round = Vec::with_capacity(ROUNDS);

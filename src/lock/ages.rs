@@ -288,21 +288,22 @@ impl Ages {
         self.len -= 1;
     }
 
-    /// The list of the node at `slot`, made when it is the first of its space.
-    fn list_of(&mut self, slot: AgeSlot) -> &mut List {
+    /// The index of the list of the node at `slot` (made when it is the first of its space).
+    fn list_of(&mut self, slot: AgeSlot) -> usize {
         let space = usize::from(self.nodes[slot as usize].space());
         if self.lists.len() <= space {
             self.lists.resize_with(space + 1, List::new);
         }
-        &mut self.lists[space]
+        space
     }
 
     /// Puts the node at `slot` (not linked) in its place by its time, in its space's list.
     fn link(&mut self, slot: AgeSlot) {
+        let list = self.list_of(slot);
         let since = self.nodes[slot as usize].since();
-        self.list_of(slot).len += 1;
+        self.lists[list].len += 1;
         // The last node no later than it, a few steps back from the tail at most.
-        let mut after = self.list_of(slot).tail;
+        let mut after = self.lists[list].tail;
         let mut steps = 0;
         while let Some(prev) = self
             .node(after)
@@ -312,40 +313,41 @@ impl Ages {
             steps += 1;
             if steps > WALK {
                 self.nodes[slot as usize].prev = ASIDE;
-                self.list_of(slot).aside.insert((since, slot));
+                self.lists[list].aside.insert((since, slot));
                 return;
             }
             after = prev;
         }
         let next = match self.node(after) {
             Some(node) => node.next,
-            None => self.list_of(slot).head,
+            None => self.lists[list].head,
         };
-        self.join(slot, after, slot);
-        self.join(slot, slot, next);
+        self.join(list, after, slot);
+        self.join(list, slot, next);
     }
 
     /// Takes the node at `slot` out of its list or the set aside.
     fn unlink(&mut self, slot: AgeSlot) {
+        let list = self.list_of(slot);
         let node = self.nodes[slot as usize];
-        self.list_of(slot).len -= 1;
+        self.lists[list].len -= 1;
         if node.prev == ASIDE {
-            self.list_of(slot).aside.remove(&(node.since(), slot));
+            self.lists[list].aside.remove(&(node.since(), slot));
             return;
         }
-        self.join(slot, node.prev, node.next);
+        self.join(list, node.prev, node.next);
     }
 
-    /// Makes `next` follow `prev` in the list of the node at `slot`; `NONE` on either side is
-    /// the list's end (the other becomes its head or tail).
-    fn join(&mut self, slot: AgeSlot, prev: u32, next: u32) {
+    /// Makes `next` follow `prev` in the list `list`; `NONE` on either side is the list's end
+    /// (the other becomes its head or tail).
+    fn join(&mut self, list: usize, prev: u32, next: u32) {
         match self.nodes.get_mut(prev as usize) {
             Some(before) => before.next = next,
-            None => self.list_of(slot).head = next,
+            None => self.lists[list].head = next,
         }
         match self.nodes.get_mut(next as usize) {
             Some(later) => later.prev = prev,
-            None => self.list_of(slot).tail = prev,
+            None => self.lists[list].tail = prev,
         }
     }
 }

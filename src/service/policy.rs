@@ -98,8 +98,12 @@ thread_local! {
     static ACTIVE: RefCell<Option<Policy>> = const { RefCell::new(None) };
     /// The digest of the policy the audit log last named (at load, or at the last change).
     static LOGGED: RefCell<String> = const { RefCell::new(String::new()) };
-    /// What each namespace refused and warned about since the module loaded, by name: a name
-    /// keeps its counts when the policy is replaced, or it is removed and comes back.
+    /// The counts of the policy in force by row: a namespace's position, then the keys in no
+    /// namespace when the policy defines no `default` (see [`row_of`]). Counted here without a
+    /// look-up by name.
+    static HERE: RefCell<Vec<Counts>> = const { RefCell::new(Vec::new()) };
+    /// The counts of namespaces no longer in force, by name: a name keeps its counts when the
+    /// policy is replaced, or it is removed and comes back.
     static COUNTS: RefCell<HashMap<String, Counts>> = RefCell::new(HashMap::new());
     static WARN_LINES: RefCell<WarnLines> = RefCell::new(WarnLines::default());
     /// What every namespace refused and warned about, in all, since the module loaded.
@@ -112,17 +116,56 @@ fn parse(text: &[u8]) -> Result<Policy, String> {
     Policy::parse(text)
 }
 
-/// Puts `policy` in force.
+/// The names of `policy`'s rows of counts: its namespaces in order, then `default` for the keys
+/// in no namespace unless a namespace has that name.
+fn row_names(policy: Option<&Policy>) -> Vec<&str> {
+    let Some(policy) = policy else {
+        return Vec::new();
+    };
+    let mut names: Vec<&str> = policy
+        .namespaces()
+        .iter()
+        .map(|n| n.name.as_str())
+        .collect();
+    if !names.contains(&DEFAULT) {
+        names.push(DEFAULT);
+    }
+    names
+}
+
+/// The row of counts of `key` under `policy` (see [`HERE`]).
+fn row_of(policy: &Policy, key: &[u8]) -> usize {
+    policy
+        .position_of(key)
+        .map_or(policy.namespaces().len(), |(at, _)| at)
+}
+
+/// Puts `policy` in force. The counts of the rows in force go to the archive by name, and the
+/// new rows take theirs from it.
 fn install(policy: Policy) {
     ANY.store(!policy.is_empty(), Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Relaxed);
-    COUNTS.with(|counts| {
-        let mut counts = counts.borrow_mut();
-        if counts.len() > COUNTS_KEPT {
-            counts.retain(|name, _| policy.namespaces().iter().any(|n| n.name == *name));
-        }
+    let policy = (!policy.is_empty()).then_some(policy);
+    COUNTS.with(|archive| {
+        let mut archive = archive.borrow_mut();
+        HERE.with(|here| {
+            let mut here = here.borrow_mut();
+            with(|old| {
+                for (name, counts) in row_names(old).into_iter().zip(here.iter()) {
+                    archive.insert(name.to_string(), *counts);
+                }
+            });
+            let names = row_names(policy.as_ref());
+            if archive.len() > COUNTS_KEPT {
+                archive.retain(|name, _| names.contains(&name.as_str()));
+            }
+            *here = names
+                .iter()
+                .map(|name| archive.remove(*name).unwrap_or_default())
+                .collect();
+        });
     });
-    ACTIVE.with(|cell| *cell.borrow_mut() = (!policy.is_empty()).then_some(policy));
+    ACTIVE.with(|cell| *cell.borrow_mut() = policy);
 }
 
 /// `lock.namespaces` as a config: a value is put in force when the server sets it (so the
@@ -237,15 +280,10 @@ pub fn tally(key: &[u8], stat: Stat, n: u64) {
         let Some(policy) = policy else {
             return;
         };
-        let name = policy
-            .namespace_of(key)
-            .map_or(DEFAULT, |(namespace, _)| namespace.name.as_str());
-        COUNTS.with(|counts| {
-            let mut counts = counts.borrow_mut();
-            if let Some(counts) = counts.get_mut(name) {
+        let row = row_of(policy, key);
+        HERE.with(|here| {
+            if let Some(counts) = here.borrow_mut().get_mut(row) {
                 counts.stats[stat as usize] += n;
-            } else {
-                counts.entry(name.to_string()).or_default().stats[stat as usize] = n;
             }
         });
     });
@@ -295,30 +333,20 @@ pub fn namespace_fields(
         let Some(policy) = policy else {
             return Vec::new();
         };
-        let mut names: Vec<&str> = policy
-            .namespaces()
-            .iter()
-            .map(|n| n.name.as_str())
-            .collect();
-        // The keys in no namespace: space 0, on a row of their own.
-        let implicit = !names.contains(&DEFAULT);
-        let defined = names.len();
+        let names = row_names(Some(policy));
+        // A namespace's space is its row plus one; the keys in no namespace (a row of their own
+        // when no namespace is named `default`) are in space 0.
+        let defined = policy.namespaces().len();
         let space_of_row = |row: usize| -> Space {
-            if implicit && row == defined {
+            if row == defined {
                 0
             } else {
                 Space::try_from(row + 1).unwrap_or(0)
             }
         };
-        if implicit {
-            names.push(DEFAULT);
-        }
         let mut waiting = vec![(0usize, 0u64); names.len()];
         queued(&mut |key, count, waited_ms| {
-            let row = policy
-                .position_of(key)
-                .map_or(names.len() - 1, |(at, _)| at);
-            if let Some((n, oldest)) = waiting.get_mut(row) {
+            if let Some((n, oldest)) = waiting.get_mut(row_of(policy, key)) {
                 *n += count;
                 *oldest = (*oldest).max(waited_ms);
             }
@@ -329,7 +357,7 @@ pub fn namespace_fields(
             .map(|(row, name)| {
                 let (held_now, oldest_hold) = held(space_of_row(row));
                 let (waiters, oldest_wait) = waiting[row];
-                let counts = counts_of(name);
+                let counts = counts_at(row);
                 let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut fields = vec![
                     ("held".to_string(), n(held_now as u64)),
@@ -427,28 +455,25 @@ fn judged(
         let lock_delay = (namespace.mode == Enforcement::Enforce)
             .then_some(namespace.rules.lock_delay)
             .flatten();
-        Some((
-            namespace.name.clone(),
-            namespace.mode,
-            lock_delay,
-            check(namespace),
-        ))
+        // The name is copied only for a request that broke a rule.
+        let broken = check(namespace).map(|violation| (namespace.name.clone(), violation));
+        Some((at, namespace.mode, lock_delay, broken))
     });
-    let Some((name, mode, lock_delay, violation)) = verdict else {
+    let Some((at, mode, lock_delay, broken)) = verdict else {
         return Ok(None);
     };
-    let Some(violation) = violation else {
+    let Some((name, violation)) = broken else {
         return Ok(lock_delay);
     };
     let rule = RULES.iter().position(|r| *r == violation.rule).unwrap_or(0);
     let refused = mode == Enforcement::Enforce;
-    COUNTS.with(|counts| {
-        let mut counts = counts.borrow_mut();
-        let counts = counts.entry(name.clone()).or_default();
-        if refused {
-            counts.refused[rule] += 1;
-        } else {
-            counts.warned[rule] += 1;
+    HERE.with(|here| {
+        if let Some(counts) = here.borrow_mut().get_mut(at) {
+            if refused {
+                counts.refused[rule] += 1;
+            } else {
+                counts.warned[rule] += 1;
+            }
         }
     });
     TOTALS.with(|totals| {
@@ -528,9 +553,9 @@ pub fn with<R>(f: impl FnOnce(Option<&Policy>) -> R) -> R {
     ACTIVE.with(|cell| f(cell.borrow().as_ref()))
 }
 
-/// The counts of the namespace `name` (zeros when it never refused or warned).
-fn counts_of(name: &str) -> Counts {
-    COUNTS.with(|counts| counts.borrow().get(name).copied().unwrap_or_default())
+/// The counts of row `row` of the policy in force (see [`HERE`]).
+fn counts_at(row: usize) -> Counts {
+    HERE.with(|here| here.borrow().get(row).copied().unwrap_or_default())
 }
 
 /// `LOCK.POLICY LIST`: every namespace, in the policy's order, with its settings and what it
@@ -559,7 +584,8 @@ fn list(policy: Option<&Policy>) -> Vec<Nested> {
     policy
         .namespaces()
         .iter()
-        .map(|namespace| (namespace, counts_of(&namespace.name)))
+        .enumerate()
+        .map(|(row, namespace)| (namespace, counts_at(row)))
         .map(|(namespace, counts)| {
             let by_rule = |of: &[u64; RULES.len()]| {
                 Nested::Map(
