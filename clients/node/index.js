@@ -39,6 +39,27 @@ class LockLost extends LockError {}
 class LockUnknown extends LockError {}
 /** No connection could be opened before anything was sent: nothing was granted. */
 class LockConnectionError extends LockError {}
+/** The server's lock namespaces refused the request (`-POLICY <namespace>: <detail>`):
+ * nothing was changed. Never retried: the same request breaks the same rule. `cause` is
+ * ioredis' ReplyError. */
+class LockPolicyError extends LockError {
+  constructor(key, namespace, detail, cause) {
+    super(key, `refused by the policy of namespace ${namespace}: ${detail}`);
+    this.namespace = namespace;
+    this.detail = detail;
+    this.cause = cause;
+  }
+}
+
+/** LockPolicyError for a -POLICY reply, else null. */
+function policyError(key, error) {
+  const message = String(error && error.message);
+  if (!(error && error.name === 'ReplyError') || !message.startsWith('POLICY ')) return null;
+  const rest = message.slice('POLICY '.length);
+  const at = rest.indexOf(': ');
+  return at < 0 ? new LockPolicyError(key, rest, '', error)
+    : new LockPolicyError(key, rest.slice(0, at), rest.slice(at + 2), error);
+}
 
 /** Errors worth sending the same request again for (with the same token): the server's "try
  * again" replies (the key moved with its slot, the cluster is failing over, the node became a
@@ -107,7 +128,7 @@ class Lock {
    */
   constructor(redis, key, {
     ttlMs, waitMs, shared = false, limit, label, watchdog = false, onLost,
-    retry = new RetryPolicy(),
+    retry = new RetryPolicy(), sync, fsyncMs,
   } = {}) {
     if (!Number.isInteger(ttlMs) || ttlMs < 1 || ttlMs > MAX_TTL_MS) {
       throw new LockArgumentError('ttl', `ttlMs must be an integer from 1 to ${MAX_TTL_MS} (one year), in ms`);
@@ -130,7 +151,7 @@ class Lock {
     if (label !== undefined && !validLabel(label)) {
       throw new LockArgumentError('label', 'a label is 1 to 128 bytes of printable ASCII without spaces');
     }
-    Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry });
+    Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry, sync, fsyncMs });
     // The local lease: allow 1% + 2 ms for the server's rounding and clock rate.
     this._leaseMs = Math.max(0, ttlMs * 0.99 - 2);
     this._token = null;
@@ -140,6 +161,7 @@ class Lock {
     this._lossReported = false;
     this._timer = null;
     this._renewing = null; // the renewal in flight, awaited by release()
+    this._refused = null; // a renewal's -POLICY refusal, for renew() to throw
     this._stopping = false;
     // Test seam: awaited by the watchdog with the round's number (from 0) between its timer
     // and its renewal; a promise that stays pending is a stalled watchdog.
@@ -178,6 +200,7 @@ class Lock {
     if (this.shared) base.push('SHARED');
     if (this.limit !== undefined) base.push('LIMIT', this.limit);
     if (this.label !== undefined) base.push('LABEL', this.label);
+    base.push(...this._durability());
     const waitsUntil = this.waitMs ? Date.now() + this.waitMs : null;
     let retries = 0;
     let maybeGranted = false;
@@ -195,7 +218,7 @@ class Lock {
       try {
         reply = await this.redis.call(...command);
       } catch (error) {
-        if (!isRetriable(error)) throw error;
+        if (!isRetriable(error)) throw policyError(this.key, error) ?? error;
         if (notConnected(error) && !maybeGranted) {
           throw new LockConnectionError(this.key, `could not connect, nothing was sent (${error.message})`);
         }
@@ -217,6 +240,7 @@ class Lock {
       this._leaseEnd = sent + this._leaseMs;
       this._lostReason = null;
       this._lossReported = false;
+      this._refused = null;
       this._stopping = false;
       if (performance.now() - sent > this.ttlMs / 10) {
         // Granted at an unknown moment of a long wait: a renewal sets a lease whose start is known.
@@ -224,6 +248,7 @@ class Lock {
         if (reason !== null) {
           this._token = null;
           this._lostReason = null;
+          if (this._refused) throw this._refused;
           throw new LockNotAcquired(this.key, `granted, but ${reason}`);
         }
       }
@@ -232,13 +257,16 @@ class Lock {
     }
   }
 
-  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held. */
+  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held,
+   * LockPolicyError when the server's policy refused the renewal (the lock then counts as
+   * lost, as the watchdog counts it). */
   async renew() {
     const token = this._token;
     if (token === null) throw new LockError(this.key, 'not held: acquire it first');
     const reason = await this._renewOnce(token, true);
     if (reason !== null) {
       this._reportLoss();
+      if (this._refused) throw this._refused;
       throw new LockLost(this.key, `lost: ${reason}`);
     }
   }
@@ -351,8 +379,15 @@ class Lock {
       if (anchored && sent >= this._leaseEnd) return this._markLost('the lease ran out before the renewal was sent');
       let reply;
       try {
-        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs);
+        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs, ...this._durability());
       } catch (error) {
+        const refused = policyError(this.key, error);
+        if (refused) {
+          // The same renewal breaks the same rule every time: the lease cannot be kept as
+          // asked, so the lock counts as lost now, as after a 0.
+          this._refused = refused;
+          return this._markLost(`renewal refused: ${error.message}`);
+        }
         if (!isRetriable(error) || retries + 1 >= this.retry.attempts) return this._markLost(`renewal failed: ${error.message}`);
         await sleep(this.retry.delay(retries + 1));
         continue;
@@ -362,6 +397,14 @@ class Lock {
       this._leaseEnd = sent + this._leaseMs;
       return null;
     }
+  }
+
+  /** SYNC numreplicas timeout-ms and FSYNC timeout-ms, as asked. */
+  _durability() {
+    const words = [];
+    if (this.sync !== undefined) words.push('SYNC', this.sync.replicas, this.sync.timeoutMs);
+    if (this.fsyncMs !== undefined) words.push('FSYNC', this.fsyncMs);
+    return words;
   }
 
   _markLost(reason) {
@@ -392,5 +435,5 @@ class Lock {
 
 module.exports = {
   Lock, RetryPolicy, LockError, LockArgumentError, LockNotAcquired, LockLost, LockUnknown,
-  LockConnectionError, isRetriable, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
+  LockConnectionError, LockPolicyError, isRetriable, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
 };

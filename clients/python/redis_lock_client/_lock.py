@@ -92,6 +92,30 @@ class LockUnknown(LockError):
     release it)."""
 
 
+class LockPolicyError(LockError):
+    """The server's lock namespaces refused the request (a ``-POLICY`` reply, from a server with
+    ``lock.namespaces`` in ``enforce`` mode): nothing was changed. Never retried: the same
+    request breaks the same rule. ``namespace`` names the namespace, ``detail`` the rule broken
+    (``ttl 600000 above the namespace's max-ttl 30000``, ``a LABEL is required``); the
+    redis-py error is the ``__cause__``."""
+
+    def __init__(self, key: Any, namespace: str, detail: str):
+        super().__init__(key, f"refused by the policy of namespace {namespace}: {detail}")
+        self.namespace = namespace
+        self.detail = detail
+
+
+def policy_error(key: Any, error: BaseException) -> Optional[LockPolicyError]:
+    """``LockPolicyError`` for a ``-POLICY <namespace>: <detail>`` reply, else None."""
+    if not isinstance(error, rx.ResponseError):
+        return None
+    text = str(error)
+    if not text.startswith("POLICY "):
+        return None
+    namespace, _, detail = text[len("POLICY ") :].partition(": ")
+    return LockPolicyError(key, namespace, detail)
+
+
 class LockConnectionError(LockError):
     """No connection to the server could be opened: the request was never sent, so nothing was
     granted (or released). Raised at once, without the helper's own retries (the client may have
@@ -194,6 +218,8 @@ class Lock:
         on_lost: Optional[Callable[["Lock"], None]] = None,
         retry: RetryPolicy = RetryPolicy(),
         label: Optional[str] = None,
+        sync: Optional[tuple[int, int]] = None,
+        fsync_ms: Optional[int] = None,
     ):
         if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_TTL_MS:
             raise LockArgumentError(
@@ -234,6 +260,8 @@ class Lock:
         self.on_lost = on_lost
         self.retry = retry
         self.label = label
+        self.sync = sync
+        self.fsync_ms = fsync_ms
         # The local lease: the server counts whole milliseconds from when it ran the command, so
         # allow 1% + 2 ms for rounding and clock rate.
         self._lease_s = max(0.0, ttl_ms * 0.99 - 2) / 1000
@@ -248,6 +276,8 @@ class Lock:
         self._mutex = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # A renewal's -POLICY refusal, for renew() to raise (set and read under _mutex).
+        self._refused: Optional[LockPolicyError] = None
         # Tests pause the watchdog here, between its timer firing and its renewal.
         self._watchdog_paused: Callable[[], None] = lambda: None
 
@@ -305,6 +335,7 @@ class Lock:
             base += ["LIMIT", self.limit]
         if self.label is not None:
             base += ["LABEL", self.label]
+        base += self._durability()
         waits_until = None
         if self.wait_ms:
             waits_until = time.monotonic() + self.wait_ms / 1000
@@ -326,6 +357,9 @@ class Lock:
                 reply = self._client.execute_command(*command)
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
+                    refused = policy_error(self.key, error)
+                    if refused is not None:
+                        raise refused from error
                     raise
                 if not_connected(error) and not maybe_granted:
                     raise LockConnectionError(
@@ -348,6 +382,7 @@ class Lock:
             self._lease_end = sent + self._lease_s
             self._lost_reason = None
             self._loss_reported = False
+            self._refused = None
             if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
                 # Granted at some moment of a long wait: only "after sent" is known, so the local
                 # lease would be too short. A renewal now sets a lease whose start is known.
@@ -357,6 +392,9 @@ class Lock:
                     # Never handed out: not a loss to report.
                     self._token = None
                     self._lost_reason = None
+                    refused, self._refused = self._refused, None
+                    if refused is not None:
+                        raise refused
                     raise LockNotAcquired(self.key, f"granted, but {reason}")
             if self.watchdog:
                 self._start_watchdog(token)
@@ -387,14 +425,19 @@ class Lock:
 
     def renew(self) -> None:
         """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
-        longer held; with a watchdog running there is no need to call this."""
+        longer held, ``LockPolicyError`` when the server's policy refused the renewal (the lock
+        then counts as lost, as the watchdog counts it); with a watchdog running there is no
+        need to call this."""
         token = self._token
         if token is None:
             raise LockError(self.key, "not held: acquire it first")
         with self._mutex:
             reason = self._renew_locked(token)
+            refused, self._refused = self._refused, None
         if reason is not None:
             self._report_loss()
+            if refused is not None:
+                raise refused
             raise LockLost(self.key, f"lost: {reason}")
 
     def relabel(self, label: str) -> None:
@@ -413,9 +456,15 @@ class Lock:
                 self._mark_lost("the lease ran out before the new label was sent")
             if self._lost_reason is None:
                 sent = time.monotonic()
-                reply = self._client.execute_command(
-                    "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label
-                )
+                try:
+                    reply = self._client.execute_command(
+                        "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label
+                    )
+                except rx.ResponseError as error:
+                    refused = policy_error(self.key, error)
+                    if refused is not None:
+                        raise refused from error
+                    raise
                 if reply is None or int(reply) != self._fence:
                     self._mark_lost("the token no longer holds the lock (relabel)")
                 else:
@@ -530,8 +579,17 @@ class Lock:
             if anchored and sent >= self._lease_end:
                 return self._mark_lost("the lease ran out before the renewal was sent")
             try:
-                reply = self._client.execute_command("LOCK.RENEW", self.key, token, self.ttl_ms)
+                reply = self._client.execute_command(
+                    "LOCK.RENEW", self.key, token, self.ttl_ms, *self._durability()
+                )
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
+                refused = policy_error(self.key, error)
+                if refused is not None:
+                    # The same renewal breaks the same rule every time: the lease cannot be
+                    # kept as asked, so the lock counts as lost now, as after a 0.
+                    refused.__cause__ = error
+                    self._refused = refused
+                    return self._mark_lost(f"renewal refused: {error}")
                 retries += 1
                 if not is_retriable(error) or retries >= self.retry.attempts:
                     return self._mark_lost(f"renewal failed: {error}")
@@ -614,6 +672,15 @@ class Lock:
         if retries >= self.retry.attempts or now + pause >= give_up_at:
             return None, give_up_at
         return pause, give_up_at
+
+    def _durability(self) -> list:
+        """``SYNC numreplicas timeout-ms`` and ``FSYNC timeout-ms``, as asked."""
+        words: list = []
+        if self.sync is not None:
+            words += ["SYNC", *self.sync]
+        if self.fsync_ms is not None:
+            words += ["FSYNC", self.fsync_ms]
+        return words
 
     def _forget(self, token: bytes) -> None:
         """After an acquire without an answer: one try to release what may have been granted."""

@@ -15,6 +15,10 @@ pub enum LostReason {
     /// A renewal succeeded on the server, but its reply arrived after the local lease end: the
     /// lock may have been free for a while, so it is not trusted any more.
     LateReply,
+    /// The server refused a renewal with `-POLICY` (a lock namespace's rule, e.g. a
+    /// `min-ttl` set after the grant): the lease cannot be kept as asked, since every renewal
+    /// would break the same rule. The grant lasts until its current lease ends, unrenewed.
+    Refused,
 }
 
 impl fmt::Display for LostReason {
@@ -23,6 +27,7 @@ impl fmt::Display for LostReason {
             LostReason::NotHeld => "the server says the token no longer holds the lock",
             LostReason::LeaseExpired => "the lease ran out before it could be renewed",
             LostReason::LateReply => "a renewal was confirmed only after the lease had run out",
+            LostReason::Refused => "the server's lock namespace policy refused the renewal",
         })
     }
 }
@@ -122,9 +127,26 @@ pub enum Error {
         /// How many times `EXEC` was tried.
         attempts: u32,
     },
+    /// The server's lock namespaces refused the request with `-POLICY <namespace>: <detail>`
+    /// (the key's namespace is in `enforce` mode in the server's `lock.namespaces`): nothing
+    /// was changed. Returned on the first reply, never retried, since the same request breaks
+    /// the same rule. A renewal refused so also marks the guard lost
+    /// ([`LostReason::Refused`]).
+    Policy {
+        /// The namespace whose rule the request broke, e.g. `orders`.
+        namespace: String,
+        /// The rule broken, in the server's words, e.g. `ttl 600000 above the namespace's
+        /// max-ttl 30000` or `a LABEL is required`.
+        detail: String,
+    },
     /// Any other error from the server or the connection (not retried, or retries used up
     /// outside acquire).
     Redis(redis::RedisError),
+}
+
+/// True for a `-POLICY` reply (a lock namespace refused the request).
+pub(crate) fn is_policy(e: &redis::RedisError) -> bool {
+    e.code() == Some("POLICY")
 }
 
 impl fmt::Display for Error {
@@ -143,6 +165,9 @@ impl fmt::Display for Error {
                 f,
                 "fenced transaction aborted {attempts} times by concurrent changes"
             ),
+            Error::Policy { namespace, detail } => {
+                write!(f, "refused by the policy of lock namespace {namespace}: {detail}")
+            }
             Error::Redis(e) => write!(f, "redis error: {e}"),
         }
     }
@@ -158,7 +183,19 @@ impl std::error::Error for Error {
 }
 
 impl From<redis::RedisError> for Error {
+    /// [`Error::Policy`] for a `-POLICY` reply, [`Error::Redis`] for any other.
     fn from(e: redis::RedisError) -> Self {
+        if is_policy(&e) {
+            let (namespace, detail) = e
+                .detail()
+                .unwrap_or_default()
+                .split_once(": ")
+                .unwrap_or((e.detail().unwrap_or_default(), ""));
+            return Error::Policy {
+                namespace: namespace.to_string(),
+                detail: detail.to_string(),
+            };
+        }
         Error::Redis(e)
     }
 }
