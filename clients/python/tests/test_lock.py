@@ -26,8 +26,8 @@ from redis.retry import Retry
 
 from harness import Cluster, Faults, Pause, Server, free_port, wait_for
 from naive import NaiveLock
-from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockLost,
-                               LockNotAcquired, LockUnknown, RetryPolicy)
+from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockError, LockLost,
+                               LockNotAcquired, LockPolicyError, LockUnknown, RetryPolicy)
 from redis_lock_client._lock import is_retriable
 
 FAST_RETRY = RetryPolicy(attempts=4, base=0.001, cap=0.01)
@@ -532,6 +532,64 @@ class Guard(OneServer):
         self.assertIn("invalid ttl-ms", str(refused.exception))
 
 
+class Policies(OneServer):
+    """A server's lock namespaces (``lock.namespaces``): a refusal is ``LockPolicyError``, on
+    the first reply; SYNC and FSYNC reach the server."""
+
+    def tearDown(self) -> None:
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
+
+    def test_a_refusal_is_its_own_error_raised_at_once(self) -> None:
+        key = fresh_key()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce max-ttl=30000 label=required")
+        client = Faults(self.r)
+        with self.assertRaises(LockPolicyError) as refused:
+            Lock(client, key, 600000, label="host-7").acquire()
+        self.assertIsInstance(refused.exception, LockError)
+        self.assertEqual(refused.exception.namespace, "orders")
+        self.assertEqual(refused.exception.detail, "ttl 600000 above the namespace's max-ttl 30000")
+        self.assertIsInstance(refused.exception.__cause__, rx.ResponseError)
+        with self.assertRaises(LockPolicyError) as refused:
+            Lock(client, key, 10000).acquire()
+        self.assertEqual(refused.exception.detail, "a LABEL is required")
+        self.assertEqual(client.count("LOCK.ACQUIRE"), 2, "one try each")
+        self.assertEqual(self.server.state(key), "none", "nothing changed")
+
+    def test_a_refused_renewal_counts_as_lost(self) -> None:
+        key = fresh_key()
+        lost = []
+        lock = Lock(self.r, key, 10000, on_lost=lost.append)
+        lock.acquire()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce min-ttl=20000")
+        with self.assertRaises(LockPolicyError) as refused:
+            lock.renew()
+        self.assertEqual(refused.exception.detail, "ttl 10000 below the namespace's min-ttl 20000")
+        self.assertTrue(lock.lost)
+        self.assertEqual(lost, [lock], "reported once")
+        with self.assertRaises(LockLost):
+            lock.check()
+        self.assertTrue(lock.release(), "the grant was still there: released")
+
+    def test_sync_and_fsync_reach_the_server(self) -> None:
+        key = fresh_key()
+        lock = Lock(self.r, key, 10000, sync=(0, 100))  # SYNC 0 answers at once
+        lock.acquire()
+        lock.renew()
+        self.assertTrue(lock.release())
+        # The test server runs without an AOF.
+        with self.assertRaises(rx.ResponseError) as refused:
+            Lock(self.r, key, 10000, fsync_ms=100).acquire()
+        self.assertIn("FSYNC needs appendonly yes", str(refused.exception))
+        client = Scripted(42, 1)
+        lock = Lock(client, "k", 1000, sync=(1, 100), fsync_ms=50, label="x")
+        lock.acquire()
+        lock.renew()
+        self.assertEqual(client.calls[0][3:], (1000, "LABEL", "x", "SYNC", 1, 100, "FSYNC", 50))
+        self.assertEqual(client.calls[1][3:], (1000, "SYNC", 1, 100, "FSYNC", 50))
+
+
 class Scripted:
     """A fake client answering from a script: an exception to raise, or a reply."""
 
@@ -556,6 +614,7 @@ class Retries(unittest.TestCase):
             self.assertTrue(is_retriable(error), error)
         for error in (rx.ResponseError("ERR invalid ttl-ms: must be positive"),
                       rx.ResponseError("WRONGTYPE Operation against a key"),
+                      rx.ResponseError("POLICY orders: a LABEL is required"),
                       rx.MovedError("3999 127.0.0.1:6381"), rx.ReadOnlyError("x"),
                       ValueError("x")):
             self.assertFalse(is_retriable(error), error)

@@ -166,7 +166,10 @@ impl fmt::Display for Error {
                 "fenced transaction aborted {attempts} times by concurrent changes"
             ),
             Error::Policy { namespace, detail } => {
-                write!(f, "refused by the policy of lock namespace {namespace}: {detail}")
+                write!(
+                    f,
+                    "refused by the policy of lock namespace {namespace}: {detail}"
+                )
             }
             Error::Redis(e) => write!(f, "redis error: {e}"),
         }

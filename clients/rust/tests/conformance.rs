@@ -235,10 +235,7 @@ impl Runner {
         }
         let key = format!("conformance:{name}:{serial}");
         let with_key = |words: Vec<String>| -> Vec<String> {
-            words
-                .into_iter()
-                .map(|w| w.replace("$KEY", &key))
-                .collect()
+            words.into_iter().map(|w| w.replace("$KEY", &key)).collect()
         };
         for command in list(case, "setup") {
             let reply = self.admin.call(&with_key(strings(command)));

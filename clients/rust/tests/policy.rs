@@ -1,0 +1,105 @@
+//! A server's lock namespaces (`lock.namespaces`): a `-POLICY` refusal is `Error::Policy`, on
+//! the first reply; a renewal refused so counts as lost; SYNC and FSYNC reach the server.
+
+// The harness carries its own `#![allow(dead_code)]` as well.
+#![allow(clippy::duplicated_attributes)]
+
+#[allow(dead_code)]
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+#[allow(dead_code)]
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{lock_info, Config, Reply, Server};
+use redis_lock_client::{Error, Lock, LostReason};
+use support::{client, Faulty};
+
+#[test]
+fn a_refusal_is_its_own_error_returned_at_once() {
+    let server = Server::start_with(
+        Config::default()
+            .namespaces("orders prefix=orders: mode=enforce max-ttl=30000 label=required"),
+    );
+    let mut conn = server.conn();
+    let connector = Faulty::new(client(&server), Vec::new());
+    let long = Lock::new(connector.clone(), "orders:1", Duration::from_secs(600)).label("host-7");
+    match long.acquire() {
+        Err(Error::Policy { namespace, detail }) => {
+            assert_eq!(namespace, "orders");
+            assert_eq!(detail, "ttl 600000 above the namespace's max-ttl 30000");
+        }
+        other => panic!("{other:?}"),
+    }
+    let unlabelled = Lock::new(connector.clone(), "orders:1", Duration::from_secs(10));
+    match unlabelled.acquire() {
+        Err(Error::Policy { detail, .. }) => assert_eq!(detail, "a LABEL is required"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(connector.count("LOCK.ACQUIRE"), 2, "one try each");
+    assert!(
+        lock_info(&mut conn, "orders:1").is_none(),
+        "nothing changed"
+    );
+    // A key outside the namespace is not held to it.
+    let other = Lock::new(connector, "other:1", Duration::from_secs(600));
+    assert!(other.acquire().is_ok());
+}
+
+#[test]
+fn a_refused_renewal_counts_as_lost() {
+    let server = Server::start();
+    let mut conn = server.conn();
+    let reasons = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&reasons);
+    let lock = Lock::new(client(&server), "orders:2", Duration::from_secs(10))
+        .on_lost(move |why| seen.lock().expect("reasons").push(why));
+    let guard = lock.acquire().expect("acquire");
+    let policy = "orders prefix=orders: mode=enforce min-ttl=20000";
+    assert_eq!(
+        conn.call(&["CONFIG", "SET", "lock.namespaces", policy]),
+        Reply::Status("OK".into())
+    );
+    match guard.renew() {
+        Err(Error::Policy { namespace, detail }) => {
+            assert_eq!(namespace, "orders");
+            assert_eq!(detail, "ttl 10000 below the namespace's min-ttl 20000");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(guard.is_lost());
+    assert_eq!(guard.lost_reason(), Some(LostReason::Refused));
+    assert!(matches!(guard.check(), Err(Error::Lost)));
+    assert_eq!(*reasons.lock().expect("reasons"), vec![LostReason::Refused]);
+    assert!(
+        guard.release().expect("release"),
+        "the grant was still there"
+    );
+}
+
+#[test]
+fn sync_and_fsync_reach_the_server() {
+    let server = Server::start();
+    let connector = Faulty::new(client(&server), Vec::new());
+    // SYNC 0 answers at once.
+    let lock = Lock::new(connector.clone(), "orders:3", Duration::from_secs(10))
+        .sync(0, Duration::from_millis(100))
+        .label("x");
+    let guard = lock.acquire().expect("acquire with SYNC 0");
+    guard.renew().expect("renew with SYNC 0");
+    assert!(guard.release().expect("release"));
+    let sent = connector.commands();
+    assert_eq!(sent[0][3..], ["10000", "LABEL", "x", "SYNC", "0", "100"]);
+    assert_eq!(sent[1][3..], ["10000", "SYNC", "0", "100"]);
+    // The test server runs without an AOF.
+    let lock = Lock::new(client(&server), "orders:3", Duration::from_secs(10))
+        .fsync(Duration::from_millis(100));
+    match lock.acquire() {
+        Err(Error::Redis(e)) => {
+            assert!(e.to_string().contains("FSYNC needs appendonly yes"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
