@@ -47,7 +47,8 @@ test('the server\'s try-again replies and lost connections are retried, nothing 
   for (const error of [new ReplyError('MOVED 3999 127.0.0.1:6381'), new ReplyError('ASK 3999 127.0.0.1:6381'),
     new ReplyError("READONLY You can't write against a read only replica."),
     new ReplyError('WRONGTYPE Operation against a key holding the wrong kind of value'),
-    new ReplyError('ERR invalid ttl-ms: must be positive'), new TypeError('x')]) {
+    new ReplyError('ERR invalid ttl-ms: must be positive'),
+    new ReplyError('POLICY orders: a LABEL is required'), new TypeError('x')]) {
     assert.equal(isRetriable(error), false, error.message);
   }
 });

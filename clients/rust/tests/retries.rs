@@ -193,7 +193,8 @@ fn a_grant_after_retryable_errors_is_returned() {
     assert_eq!(log.connects, 2);
 }
 
-// Errors that no retry can fix (WRONGTYPE, ERR, NOPERM) are reported at once: one attempt.
+// Errors that no retry can fix (WRONGTYPE, ERR, NOPERM, POLICY) are reported at once: one
+// attempt.
 #[test]
 fn other_errors_are_not_retried() {
     let cases: [&'static [u8]; 3] = [
@@ -210,6 +211,18 @@ fn other_errors_are_not_retried() {
         }
         assert_eq!(log.commands.len(), 1, "{}", String::from_utf8_lossy(wire));
     }
+    // A lock namespace's refusal is its own error, on the first reply.
+    let (result, log) = run(vec![Reply::Wire(
+        b"-POLICY orders: ttl 600000 above the namespace's max-ttl 30000\r\n",
+    )]);
+    match result {
+        Err(Error::Policy { namespace, detail }) => {
+            assert_eq!(namespace, "orders");
+            assert_eq!(detail, "ttl 600000 above the namespace's max-ttl 30000");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(log.lock().expect("log").commands.len(), 1);
     // A nil reply is a refusal, not an error: NotAcquired, no retry.
     let (result, log) = run(vec![Reply::Wire(b"$-1\r\n")]);
     assert!(matches!(result, Err(Error::NotAcquired)), "{result:?}");
