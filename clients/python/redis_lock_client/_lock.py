@@ -458,7 +458,8 @@ class Lock:
                 sent = time.monotonic()
                 try:
                     reply = self._client.execute_command(
-                        "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label
+                        "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label,
+                        *self._durability(),
                     )
                 except rx.ResponseError as error:
                     refused = policy_error(self.key, error)

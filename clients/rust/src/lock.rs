@@ -122,7 +122,7 @@ impl Lock {
         self
     }
 
-    /// `FSYNC timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's too): the
+    /// `FSYNC timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's and `relabel`'s too): the
     /// reply comes once the change is fsynced to the server's AOF. A server without
     /// `appendonly yes` answers `ERR FSYNC needs appendonly yes` ([`Error::Redis`]). The
     /// timeout is sent in whole ms, rounded up; give [`io_timeout`](Lock::io_timeout) more.
@@ -874,14 +874,14 @@ impl LockGuard {
         let shared = &self.shared;
         let outcome = self.on_conn(|c| {
             let sent_at = Instant::now();
-            redis::cmd("LOCK.ACQUIRE")
-                .arg(&shared.key)
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(&shared.key)
                 .arg(&shared.token)
                 .arg(millis(shared.ttl))
                 .arg("LABEL")
-                .arg(label)
-                .query::<Option<i64>>(c)
-                .map(|reply| (reply, sent_at))
+                .arg(label);
+            shared.durability.add_to(&mut cmd);
+            cmd.query::<Option<i64>>(c).map(|reply| (reply, sent_at))
         });
         drop(state);
         match outcome {
