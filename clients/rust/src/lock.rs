@@ -113,19 +113,21 @@ impl Lock {
     }
 
     /// `SYNC numreplicas timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's
-    /// too): the reply comes once that many replicas acknowledged the change. A grant they do
-    /// not acknowledge in time is undone by the server, and acquire returns the server's
-    /// `NOREPLICAS ...` error ([`Error::Redis`]); a renewal stays, with the same error. The
-    /// timeout is sent in whole ms, rounded up; give [`io_timeout`](Lock::io_timeout) more.
+    /// and [`relabel`](LockGuard::relabel)'s too): the reply comes once that many replicas
+    /// acknowledged the change. A grant they do not acknowledge in time is undone by the
+    /// server, and acquire returns the server's `NOREPLICAS ...` error ([`Error::Redis`]); a
+    /// renewal stays, with the same error. The timeout is sent in whole ms, rounded up; give
+    /// [`io_timeout`](Lock::io_timeout) more.
     pub fn sync(mut self, replicas: u32, timeout: Duration) -> Lock {
         self.durability.sync = Some((replicas, timeout));
         self
     }
 
-    /// `FSYNC timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's and `relabel`'s too): the
-    /// reply comes once the change is fsynced to the server's AOF. A server without
-    /// `appendonly yes` answers `ERR FSYNC needs appendonly yes` ([`Error::Redis`]). The
-    /// timeout is sent in whole ms, rounded up; give [`io_timeout`](Lock::io_timeout) more.
+    /// `FSYNC timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's and
+    /// [`relabel`](LockGuard::relabel)'s too): the reply comes once the change is fsynced to
+    /// the server's AOF. A server without `appendonly yes` answers `ERR FSYNC needs appendonly
+    /// yes` ([`Error::Redis`]). The timeout is sent in whole ms, rounded up; give
+    /// [`io_timeout`](Lock::io_timeout) more.
     pub fn fsync(mut self, timeout: Duration) -> Lock {
         self.durability.fsync = Some(timeout);
         self
