@@ -28,6 +28,7 @@ from harness import Cluster, Faults, Pause, Server, free_port, wait_for
 from naive import NaiveLock
 from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockError, LockLost,
                                LockNotAcquired, LockPolicyError, LockUnknown, RetryPolicy)
+from redis_lock_client import Redlock
 from redis_lock_client._lock import is_retriable
 
 FAST_RETRY = RetryPolicy(attempts=4, base=0.001, cap=0.01)
@@ -811,6 +812,127 @@ class InCluster(unittest.TestCase):
         finally:
             waiter.join(15)
             waiter_client.close()
+
+
+class Review8Policy(OneServer):
+    """Review of the -POLICY / SYNC / FSYNC change (branch review8)."""
+
+    def tearDown(self) -> None:
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
+
+    def test_long_wait_grant_refused_at_its_first_renewal_is_given_back(self) -> None:
+        # FAILS: a grant that came after a long WAIT is anchored by a renewal; when a namespace
+        # set during the wait (a queued request is served as admitted) refuses that renewal,
+        # acquire() raises LockPolicyError ("nothing changed") and drops the token, but leaves
+        # the grant held on the server until its lease ends (Rust's start_guard releases it).
+        key = fresh_key()
+        self.r.execute_command("LOCK.ACQUIRE", key, "someone-else", 600)
+        policy = threading.Timer(0.2, lambda: self.r.execute_command(
+            "CONFIG", "SET", "lock.namespaces", f"orders prefix={key} mode=enforce min-ttl=5000"))
+        policy.start()
+        try:
+            with self.assertRaises(LockPolicyError) as refused:
+                Lock(self.r, key, 2000, wait_ms=5000).acquire()
+        finally:
+            policy.join()
+        self.assertIn("min-ttl 5000", refused.exception.detail)
+        self.assertNotEqual(self.server.state(key), "held",
+                            "the grant the helper dropped is still held on the server")
+
+    def test_acquire_retried_after_a_lost_reply_then_refused_is_unknown(self) -> None:
+        # FAILS: the first LOCK.ACQUIRE ran (granted) but its reply was lost; before the retry
+        # (same token) the policy changed (or the retry reached a node with another policy), and
+        # the retry is refused. acquire() raises LockPolicyError, whose contract is "nothing
+        # changed", without the one LOCK.RELEASE it sends after any other unanswered try: the
+        # grant stays held. The outcome is unknown (LockUnknown), not "not granted".
+        key = fresh_key()
+        admin = self.r
+
+        class LostThenPolicy:
+            def __init__(self) -> None:
+                self.calls = []
+
+            def execute_command(self, *args):
+                self.calls.append(args)
+                if args[0] == "LOCK.ACQUIRE" and len(self.calls) == 1:
+                    admin.execute_command(*args)  # runs: granted
+                    admin.execute_command("CONFIG", "SET", "lock.namespaces",
+                                          f"orders prefix={key} mode=enforce max-ttl=5000")
+                    raise rx.ConnectionError("Connection reset by peer (dropped by the test)")
+                return admin.execute_command(*args)
+
+        client = LostThenPolicy()
+        try:
+            Lock(client, key, 10000, retry=FAST_RETRY).acquire()
+            raised = None
+        except LockError as error:
+            raised = error
+        state = self.server.state(key)
+        self.assertIsInstance(raised, LockUnknown, f"raised {raised!r}, server state {state}")
+        self.assertNotEqual(state, "held", "the maybe-grant was given back")
+
+    def test_redlock_does_not_retry_a_policy_refusal(self) -> None:
+        # FAILS: Redlock counts a -POLICY reply as "not granting" and retries the whole round
+        # `retries` times (with its delay), then raises LockNotAcquired ("held by another
+        # token"): the refusal is retried and reported as the wrong error; Lock raises
+        # LockPolicyError after one try.
+        key = fresh_key()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce max-ttl=5000")
+        client = Faults(self.r)
+        redlock = Redlock([client], key, 10000, server_timeout_ms=500, retries=2,
+                          retry_delay_ms=10)
+        try:
+            redlock.acquire()
+            raised = None
+        except LockError as error:
+            raised = error
+        rounds = client.count("LOCK.ACQUIRE")
+        self.assertIsInstance(raised, LockPolicyError, f"raised {raised!r} after {rounds} rounds")
+        self.assertEqual(rounds, 1, "one round")
+
+    def test_nonsense_sync_and_fsync_settings_are_refused_before_sending(self) -> None:
+        # FAILS: the Lock(...) row of the README says settings that make no sense raise
+        # LockArgumentError there, before any command; sync/fsync_ms are not checked at all, so
+        # sync=(1,) goes out as a malformed "SYNC 1" and fsync_ms=0 as "FSYNC 0" (refused by the
+        # server as a ResponseError only when acquire() runs).
+        for settings in ({"sync": (1,)}, {"sync": (1, 0)}, {"sync": (-1, 100)},
+                         {"fsync_ms": 0}, {"fsync_ms": -5}, {"fsync_ms": "100"}):
+            with self.subTest(settings=settings):
+                client = Scripted(1)
+                with self.assertRaises(LockArgumentError):
+                    Lock(client, "k", 1000, **settings).acquire()
+                self.assertEqual(client.calls, [])
+
+    def test_watchdog_and_renew_refused_together_report_the_loss_once(self) -> None:
+        # PASSES (pins: on_lost exactly once when an explicit renew() and the watchdog are both
+        # refused by -POLICY, in either order; renew() raises LockPolicyError both times).
+        for renew_first in (True, False):
+            with self.subTest(renew_first=renew_first):
+                key = fresh_key()
+                lost = []
+                lock = Lock(self.r, key, 1500, watchdog=True, on_lost=lost.append)
+                pause = Pause()
+                lock._watchdog_paused = pause
+                lock.acquire()
+                self.assertTrue(pause.reached.wait(5))
+                self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                                       f"orders prefix={key} mode=enforce min-ttl=5000")
+                if renew_first:
+                    with self.assertRaises(LockPolicyError):
+                        lock.renew()
+                    pause.go()
+                else:
+                    pause.go()
+                    wait_for("the loss reported", lambda: lost or None)
+                    with self.assertRaises(LockPolicyError):
+                        lock.renew()
+                thread = lock._thread
+                if thread is not None:
+                    thread.join(5)
+                self.assertEqual(lost, [lock])
+                self.assertTrue(lock.release())
+                self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
 
 
 if __name__ == "__main__":
