@@ -233,3 +233,53 @@ test('SYNC and FSYNC reach the server', async () => {
   await assert.rejects(new Lock(redis, key, { ttlMs: 10_000, fsyncMs: 100 }).acquire(),
     (error) => error.name === 'ReplyError' && error.message.includes('FSYNC needs appendonly yes'));
 });
+
+// Review of the -POLICY / SYNC / FSYNC change (branch review8).
+test('review8: a second renew() after a refused one is LockLost, not the old refusal again', async () => {
+  // FAILS: _refused is set by a refused renewal and never cleared (only acquire() clears it), so
+  // every later renew() of the lost grant throws the same stale LockPolicyError although it sent
+  // nothing and nothing refused it. Python raises LockLost on the second renew(), Rust
+  // Error::Lost: the same calls get different answers across helpers.
+  const key = freshKey();
+  const setPolicy = (text) => redis.call('CONFIG', 'SET', 'lock.namespaces', text);
+  try {
+    const client = new Faults(redis, []);
+    const lock = new Lock(client, key, { ttlMs: 10_000 });
+    await lock.acquire();
+    await setPolicy(`orders prefix=${key} mode=enforce min-ttl=20000`);
+    await assert.rejects(lock.renew(), LockPolicyError);
+    const second = await lock.renew().then(() => null, (error) => error);
+    assert.equal(client.count('LOCK.RENEW'), 1, 'the second renew() sent nothing');
+    assert.ok(second instanceof LockLost, `second renew() threw ${second && second.constructor.name}`);
+    await lock.release();
+  } finally {
+    await setPolicy('');
+  }
+});
+
+test('review8: watchdog and renew() refused at the same time report the loss once', async () => {
+  // PASSES (pins: with a watchdog renewal and an explicit renew() both in flight and both
+  // answered -POLICY, onLost is called exactly once and renew() throws LockPolicyError).
+  const key = freshKey();
+  const setPolicy = (text) => redis.call('CONFIG', 'SET', 'lock.namespaces', text);
+  try {
+    const client = new Faults(redis, []);
+    let lostCalls = 0;
+    const lock = new Lock(client, key, { ttlMs: 1500, watchdog: true, onLost: () => { lostCalls += 1; } });
+    const pause = new Pause(0);
+    lock._beforeRenewal = pause.hook();
+    await lock.acquire();
+    await pause.waitReached();
+    await setPolicy(`orders prefix=${key} mode=enforce min-ttl=5000`);
+    const explicit = lock.renew().then(() => null, (error) => error);
+    pause.go();
+    const error = await explicit;
+    await waitFor('the watchdog round to end', () => lock._renewing === null);
+    assert.ok(error instanceof LockPolicyError, String(error));
+    assert.equal(client.count('LOCK.RENEW'), 2, 'both renewals were sent');
+    assert.equal(lostCalls, 1);
+    assert.equal(await lock.release(), true);
+  } finally {
+    await setPolicy('');
+  }
+});
