@@ -301,3 +301,24 @@ fn the_retry_deadline_bounds_the_whole_acquire() {
     let tries = log.lock().expect("log").commands.len();
     assert!((2..=6).contains(&tries), "{tries} tries in {elapsed:?}");
 }
+
+// Review of the -POLICY change (branch review8).
+// FAILS: a -POLICY reply with a byte that is not UTF-8 (a proxy, a future server, a namespace
+// text the module does not write itself) is not parsed by the redis crate at all (its error
+// line must be UTF-8): Rust reports a parse error (Error::Redis), while redis-py and ioredis
+// decode with U+FFFD and the Python and Node.js helpers raise LockPolicyError. The same reply
+// gets different answers across helpers. Also a bare "-POLICY" (no text) is Error::Policy with
+// an empty namespace here but a plain server error in the two others (conformance
+// acquire-answered-a-bare-policy-code).
+#[test]
+fn review8_a_policy_reply_with_a_non_utf8_byte_is_still_a_policy_refusal() {
+    let (result, log) = run(vec![Reply::Wire(b"-POLICY or\xffders: a LABEL is required\r\n")]);
+    match result {
+        Err(Error::Policy { namespace, detail }) => {
+            assert_eq!(namespace, "or\u{fffd}ders");
+            assert_eq!(detail, "a LABEL is required");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(log.lock().expect("log").commands.len(), 1);
+}
