@@ -103,3 +103,35 @@ fn sync_and_fsync_reach_the_server() {
         other => panic!("{other:?}"),
     }
 }
+
+// Review of the -POLICY change (branch review8).
+// FAILS: Redlock drops every error reply as "this server did not grant", so a -POLICY refusal
+// by all of its servers is retried for `retries` more rounds (each after its delay) and ends as
+// Error::NotAcquired ("another token holds it"), while Lock returns Error::Policy after one
+// try. Python's Redlock does the same (tests/test_lock.py Review8Policy): the helpers agree,
+// but the refusal is retried and misreported.
+#[test]
+fn review8_redlock_returns_a_policy_refusal_without_retrying() {
+    let servers: Vec<Server> = (0..3)
+        .map(|_| {
+            Server::start_with(
+                Config::default().namespaces("orders prefix=orders: mode=enforce max-ttl=30000"),
+            )
+        })
+        .collect();
+    let connectors: Vec<Arc<dyn redis_lock_client::Connector>> = servers
+        .iter()
+        .map(|s| Arc::new(client(s)) as Arc<dyn redis_lock_client::Connector>)
+        .collect();
+    let result = redis_lock_client::Redlock::new(connectors, "orders:1", Duration::from_secs(600))
+        .server_timeout(Duration::from_millis(200))
+        .retries(2, Duration::from_millis(20))
+        .acquire();
+    let rounds = support::calls(&servers[0], "lock.acquire");
+    assert!(
+        matches!(result, Err(Error::Policy { .. })),
+        "{:?} after {rounds} rounds",
+        result.as_ref().err()
+    );
+    assert_eq!(rounds, 1, "one round");
+}
