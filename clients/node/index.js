@@ -263,10 +263,15 @@ class Lock {
   async renew() {
     const token = this._token;
     if (token === null) throw new LockError(this.key, 'not held: acquire it first');
+    // Lost before this call (the watchdog's refusal, say): nothing is sent, and the answer is
+    // LockLost, not a refusal this call did not get.
+    const lostBefore = this._lostReason !== null;
     const reason = await this._renewOnce(token, true);
     if (reason !== null) {
       this._reportLoss();
-      if (this._refused) throw this._refused;
+      const refused = lostBefore ? null : this._refused;
+      this._refused = null;
+      if (refused) throw refused;
       throw new LockLost(this.key, `lost: ${reason}`);
     }
   }

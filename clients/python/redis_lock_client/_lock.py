@@ -109,6 +109,10 @@ def policy_error(key: Any, error: BaseException) -> Optional[LockPolicyError]:
     """``LockPolicyError`` for a ``-POLICY <namespace>: <detail>`` reply, else None."""
     if not isinstance(error, rx.ResponseError):
         return None
+    # redis-py strips a code it knows (`ERR POLICY x` arrives as `POLICY x` with status_code
+    # "ERR"); a POLICY reply's code is unknown to it and stays in the text.
+    if getattr(error, "status_code", None) is not None:
+        return None
     text = str(error)
     if not text.startswith("POLICY "):
         return None
@@ -248,6 +252,22 @@ class Lock:
         if label is not None and not _valid_label(label):
             raise LockArgumentError(
                 "label", "a label is 1 to 128 bytes of printable ASCII without spaces"
+            )
+        if sync is not None and not (
+            isinstance(sync, tuple)
+            and len(sync) == 2
+            and _is_int(sync[0])
+            and _is_int(sync[1])
+            and sync[0] >= 0
+            and 1 <= sync[1] <= MAX_WAIT_MS
+        ):
+            raise LockArgumentError(
+                "sync",
+                f"sync must be None or (numreplicas >= 0, timeout_ms from 1 to {MAX_WAIT_MS})",
+            )
+        if fsync_ms is not None and (not _is_int(fsync_ms) or not 1 <= fsync_ms <= MAX_WAIT_MS):
+            raise LockArgumentError(
+                "fsync", f"fsync_ms must be None or a timeout from 1 to {MAX_WAIT_MS} ms"
             )
         self._client = client
         self.key = key
@@ -562,6 +582,9 @@ class Lock:
                 if self._stopping.is_set():
                     return
                 reason = self._renew_locked(token)
+                # The refusal is the watchdog's to report (as a loss), not a later renew()'s
+                # to raise: that call sends nothing and answers LockLost.
+                self._refused = None
             if reason is not None:
                 break
         if reason is not None:

@@ -144,9 +144,10 @@ pub enum Error {
     Redis(redis::RedisError),
 }
 
-/// True for a `-POLICY` reply (a lock namespace refused the request).
+/// True for a `-POLICY <text>` reply (a lock namespace refused the request). A bare `-POLICY`,
+/// which the module never sends, is an ordinary server error, as the other helpers read it.
 pub(crate) fn is_policy(e: &redis::RedisError) -> bool {
-    e.code() == Some("POLICY")
+    e.code() == Some("POLICY") && e.detail().is_some_and(|detail| !detail.is_empty())
 }
 
 impl fmt::Display for Error {

@@ -312,7 +312,9 @@ fn the_retry_deadline_bounds_the_whole_acquire() {
 // acquire-answered-a-bare-policy-code).
 #[test]
 fn review8_a_policy_reply_with_a_non_utf8_byte_is_still_a_policy_refusal() {
-    let (result, log) = run(vec![Reply::Wire(b"-POLICY or\xffders: a LABEL is required\r\n")]);
+    let (result, log) = run(vec![Reply::Wire(
+        b"-POLICY or\xffders: a LABEL is required\r\n",
+    )]);
     match result {
         Err(Error::Policy { namespace, detail }) => {
             assert_eq!(namespace, "or\u{fffd}ders");
