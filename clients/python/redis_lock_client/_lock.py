@@ -45,6 +45,9 @@ T = TypeVar("T")
 _RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "MASTERDOWN")
 
 
+# Why a lock is lost when LOCK.RENEW answers 0.
+_NOT_HELD = "LOCK.RENEW replied 0: the token no longer holds it"
+
 # The largest values any server with the module accepts: lock.max-ttl can be raised to one year,
 # a WAIT timeout to 2^45 ms, a semaphore to 10000 permits. Beyond them nothing can be granted.
 MAX_TTL_MS = 31_536_000_000
@@ -118,6 +121,19 @@ def policy_error(key: Any, error: BaseException) -> Optional[LockPolicyError]:
         return None
     namespace, _, detail = text[len("POLICY ") :].partition(": ")
     return LockPolicyError(key, namespace, detail)
+
+
+def unconfirmed(error: BaseException) -> bool:
+    """Whether ``error`` answers a renewal that the server applied but could not confirm:
+    SYNC's ``NOREPLICAS the change was not acknowledged ...: a failover may lose it`` or FSYNC's
+    ``ERR the change was not fsynced to the AOF ...``. The lease was renewed on the primary, so
+    the lock is still held; only the lease it had before can be counted on."""
+    if not isinstance(error, rx.ResponseError):
+        return False
+    text = str(error)
+    if getattr(error, "status_code", None) == "ERR":
+        return text.startswith("the change was not fsynced")
+    return text.startswith("NOREPLICAS ")
 
 
 class LockConnectionError(LockError):
@@ -378,6 +394,15 @@ class Lock:
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
                     refused = policy_error(self.key, error)
+                    if refused is not None and maybe_granted:
+                        # An earlier try whose reply was lost may have been granted (the
+                        # policy changed since, or this retry reached another node): the
+                        # refusal says nothing about that try.
+                        self._forget(token)
+                        raise LockUnknown(
+                            self.key,
+                            f"a retry was refused ({error}) after a try whose reply was lost",
+                        ) from error
                     if refused is not None:
                         raise refused from error
                     raise
@@ -406,16 +431,30 @@ class Lock:
             if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
                 # Granted at some moment of a long wait: only "after sent" is known, so the local
                 # lease would be too short. A renewal now sets a lease whose start is known.
-                with self._mutex:
-                    reason = self._renew_locked(token, anchored=False)
+                try:
+                    with self._mutex:
+                        reason = self._renew_locked(token, anchored=False)
+                except rx.ResponseError as error:
+                    # Renewed but unconfirmed: the lease it can count on is the grant's, whose
+                    # start is not known. Given back, as after any other failed renewal here.
+                    self._token = None
+                    self._forget(token)
+                    raise LockUnknown(
+                        self.key, f"granted, but the renewal that anchors the lease: {error}"
+                    ) from error
                 if reason is not None:
                     # Never handed out: not a loss to report.
                     self._token = None
                     self._lost_reason = None
                     refused, self._refused = self._refused, None
+                    if reason == _NOT_HELD:
+                        raise LockNotAcquired(self.key, f"granted, but {reason}")
+                    # Refused or failed: the grant may stand until its lease ends. Give it
+                    # back, so that a refusal leaves nothing changed, as its error says.
+                    self._forget(token)
                     if refused is not None:
                         raise refused
-                    raise LockNotAcquired(self.key, f"granted, but {reason}")
+                    raise LockUnknown(self.key, f"granted, but {reason}")
             if self.watchdog:
                 self._start_watchdog(token)
             return self._fence
@@ -446,8 +485,11 @@ class Lock:
     def renew(self) -> None:
         """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
         longer held, ``LockPolicyError`` when the server's policy refused the renewal (the lock
-        then counts as lost, as the watchdog counts it); with a watchdog running there is no
-        need to call this."""
+        then counts as lost, as the watchdog counts it), and redis-py's ``ResponseError`` when
+        the server renewed but could not confirm it (``NOREPLICAS the change was not
+        acknowledged ...``, ``the change was not fsynced ...``): the lock is still held, and
+        the local lease stays as it was. With a watchdog running there is no need to call
+        this."""
         token = self._token
         if token is None:
             raise LockError(self.key, "not held: acquire it first")
@@ -581,10 +623,17 @@ class Lock:
             with self._mutex:
                 if self._stopping.is_set():
                     return
-                reason = self._renew_locked(token)
-                # The refusal is the watchdog's to report (as a loss), not a later renew()'s
-                # to raise: that call sends nothing and answers LockLost.
-                self._refused = None
+                try:
+                    reason = self._renew_locked(token)
+                except rx.ResponseError as error:
+                    # Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the
+                    # next round renews again, or finds that lease over.
+                    log.warning("lock %s renewed unconfirmed: %s", _text(self.key), error)
+                    continue
+                finally:
+                    # The refusal is the watchdog's to report (as a loss), not a later
+                    # renew()'s to raise: that call sends nothing and answers LockLost.
+                    self._refused = None
             if reason is not None:
                 break
         if reason is not None:
@@ -592,7 +641,9 @@ class Lock:
 
     def _renew_locked(self, token: bytes, anchored: bool = True) -> Optional[str]:
         """One renewal (with retries while the lease lasts), under ``_mutex``. Returns why the
-        lock is lost, or None when renewed. ``anchored=False``: the local lease end is not known
+        lock is lost, or None when renewed. Raises the server's error when the renewal was
+        applied but not confirmed (``unconfirmed``): the lock is still held and the local lease
+        is left as it was. ``anchored=False``: the local lease end is not known
         yet (a grant at an unknown moment of a long wait); the server's 1 alone says the hold
         never lapsed, since RENEW finds nothing to renew once a lease has ended."""
         if self._lost_reason is not None:
@@ -614,6 +665,9 @@ class Lock:
                     refused.__cause__ = error
                     self._refused = refused
                     return self._mark_lost(f"renewal refused: {error}")
+                if unconfirmed(error):
+                    # Renewed on the primary, not confirmed: still held, on the old lease.
+                    raise
                 retries += 1
                 if not is_retriable(error) or retries >= self.retry.attempts:
                     return self._mark_lost(f"renewal failed: {error}")
@@ -622,7 +676,7 @@ class Lock:
             if anchored and time.monotonic() >= self._lease_end:
                 return self._mark_lost("the renewal was answered after the lease ran out")
             if reply != 1:
-                return self._mark_lost("LOCK.RENEW replied 0: the token no longer holds it")
+                return self._mark_lost(_NOT_HELD)
             self._lease_end = sent + self._lease_s
             return None
 

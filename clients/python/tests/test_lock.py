@@ -23,6 +23,7 @@ from redis import exceptions as rx
 
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis._parsers import BaseParser
 
 from harness import Cluster, Faults, Pause, Server, free_port, wait_for
 from naive import NaiveLock
@@ -589,6 +590,52 @@ class Policies(OneServer):
         lock.renew()
         self.assertEqual(client.calls[0][3:], (1000, "LABEL", "x", "SYNC", 1, 100, "FSYNC", 50))
         self.assertEqual(client.calls[1][3:], (1000, "SYNC", 1, 100, "FSYNC", 50))
+
+    def test_a_renewal_renewed_but_unconfirmed_keeps_the_lock_on_its_old_lease(self) -> None:
+        # NOREPLICAS (SYNC) and the FSYNC change error on LOCK.RENEW: the server renewed the
+        # lease and could not confirm it. renew() raises the server's error; the lock is not
+        # lost, and the local lease is not extended.
+        for text in ("NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms:"
+                     " a failover may lose it",
+                     "ERR the change was not fsynced to the AOF within 100 ms: a crash of this"
+                     " machine may lose it"):
+            with self.subTest(text=text):
+                lost = []
+                client = Scripted(42, BaseParser.parse_error(text), 1)
+                lock = Lock(client, "k", 10000, sync=(1, 100), on_lost=lost.append)
+                lock.acquire()
+                lease_end = lock._lease_end
+                with self.assertRaises(rx.ResponseError) as raised:
+                    lock.renew()
+                self.assertNotIsInstance(raised.exception, LockError)
+                self.assertIn("the change was not", str(raised.exception))
+                self.assertFalse(lock.lost)
+                self.assertEqual(lock._lease_end, lease_end, "the old lease only")
+                self.assertEqual(lost, [])
+                self.assertTrue(lock.release())
+
+    def test_a_long_wait_grant_whose_anchoring_renewal_fails_is_given_back(self) -> None:
+        # A grant that took longer than ttl/10 is anchored by a LOCK.RENEW. Refused by policy:
+        # released, LockPolicyError. Renewed unconfirmed or failed otherwise: released,
+        # LockUnknown. Answered 0: nothing to give back, LockNotAcquired. (As the Rust helper.)
+        policy = BaseParser.parse_error("POLICY orders: ttl 100 below the namespace's min-ttl 500")
+        unconfirmed = BaseParser.parse_error(
+            "NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms: a failover"
+            " may lose it")
+        wrongtype = BaseParser.parse_error("WRONGTYPE Operation against a key holding the wrong"
+                                           " kind of value")
+        for renewal, raised, released in ((policy, LockPolicyError, True),
+                                          (unconfirmed, LockUnknown, True),
+                                          (wrongtype, LockUnknown, True),
+                                          (0, LockNotAcquired, False)):
+            with self.subTest(renewal=renewal):
+                client = Slow(0.03, 42, renewal, 1)
+                with self.assertRaises(LockError) as error:
+                    Lock(client, "k", 100, wait_ms=5000).acquire()
+                self.assertIs(type(error.exception), raised)
+                names = [call[0] for call in client.calls]
+                expected = ["LOCK.ACQUIRE", "LOCK.RENEW"] + (["LOCK.RELEASE"] if released else [])
+                self.assertEqual(names, expected)
 
 
 class Scripted:
