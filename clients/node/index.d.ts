@@ -86,11 +86,13 @@ export declare class Lock {
   readonly held: boolean;
   check(): number;
   /** The fence; LockNotAcquired, LockConnectionError (nothing sent), LockPolicyError (the
-   * server's policy refused it, at once) or LockUnknown (a reply lost and the retries used up;
-   * one LOCK.RELEASE with the token was tried). */
+   * server's policy refused it, at once) or LockUnknown (a reply lost and the retries used up,
+   * or a retry after a lost reply refused by policy; one LOCK.RELEASE with the token was
+   * tried). */
   acquire(): Promise<number>;
   /** LockLost when no longer held; LockPolicyError when the server's policy refused the
-   * renewal (the lock then counts as lost). */
+   * renewal (the lock then counts as lost); ioredis' ReplyError when the server renewed but
+   * could not confirm it (NOREPLICAS, the FSYNC change error): still held, on the old lease. */
   renew(): Promise<void>;
   /** Stops the watchdog, then releases with the token (retried as acquire is): true when this
    * grant was released, false when it was not held any more. */

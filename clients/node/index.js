@@ -61,6 +61,19 @@ function policyError(key, error) {
     : new LockPolicyError(key, rest.slice(0, at), rest.slice(at + 2), error);
 }
 
+/** Whether `error` answers a renewal the server applied but could not confirm: SYNC's
+ * `NOREPLICAS the change was not acknowledged ...: a failover may lose it` or FSYNC's `ERR the
+ * change was not fsynced to the AOF ...`. The lock is still held; only the lease it had before
+ * can be counted on. */
+function isUnconfirmed(error) {
+  const message = String(error && error.message);
+  return Boolean(error && error.name === 'ReplyError') &&
+    (message.startsWith('NOREPLICAS ') || message.startsWith('ERR the change was not fsynced'));
+}
+
+/** Why a lock is lost when LOCK.RENEW answers 0. */
+const NOT_HELD = 'LOCK.RENEW replied 0: the token no longer holds it';
+
 /** Errors worth sending the same request again for (with the same token): the server's "try
  * again" replies (the key moved with its slot, the cluster is failing over, the node became a
  * replica or is loading) and lost connections. Not MOVED/ASK (ioredis' Cluster follows them;
@@ -218,7 +231,16 @@ class Lock {
       try {
         reply = await this.redis.call(...command);
       } catch (error) {
-        if (!isRetriable(error)) throw policyError(this.key, error) ?? error;
+        if (!isRetriable(error)) {
+          const refused = policyError(this.key, error);
+          if (refused && maybeGranted) {
+            // An earlier try whose reply was lost may have been granted (the policy changed
+            // since, or this retry reached another node): the refusal says nothing about it.
+            await this._forget(token);
+            throw new LockUnknown(this.key, `a retry was refused (${error.message}) after a try whose reply was lost`);
+          }
+          throw refused ?? error;
+        }
         if (notConnected(error) && !maybeGranted) {
           throw new LockConnectionError(this.key, `could not connect, nothing was sent (${error.message})`);
         }
@@ -228,7 +250,7 @@ class Lock {
         const pause = this.retry._pause(retries, giveUpAt);
         if (pause === null) {
           // The grant may exist: release what this token may hold (once, best effort).
-          await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
+          await this._forget(token);
           throw new LockUnknown(this.key, `no answer after ${retries} attempts (${error.message})`);
         }
         await sleep(pause);
@@ -244,12 +266,28 @@ class Lock {
       this._stopping = false;
       if (performance.now() - sent > this.ttlMs / 10) {
         // Granted at an unknown moment of a long wait: a renewal sets a lease whose start is known.
-        const reason = await this._renewOnce(token, false);
+        let reason;
+        try {
+          reason = await this._renewOnce(token, false);
+        } catch (error) {
+          // Renewed but unconfirmed: the lease it can count on is the grant's, whose start is
+          // not known. Given back, as after any other failed renewal here.
+          this._token = null;
+          await this._forget(token);
+          throw new LockUnknown(this.key, `granted, but the renewal that anchors the lease: ${error.message}`);
+        }
         if (reason !== null) {
+          // Never handed out: not a loss to report.
           this._token = null;
           this._lostReason = null;
-          if (this._refused) throw this._refused;
-          throw new LockNotAcquired(this.key, `granted, but ${reason}`);
+          const refused = this._refused;
+          this._refused = null;
+          if (reason === NOT_HELD) throw new LockNotAcquired(this.key, `granted, but ${reason}`);
+          // Refused or failed: the grant may stand until its lease ends. Give it back, so that
+          // a refusal leaves nothing changed, as its error says.
+          await this._forget(token);
+          if (refused) throw refused;
+          throw new LockUnknown(this.key, `granted, but ${reason}`);
         }
       }
       if (this.watchdog) this._schedule(token);
@@ -259,7 +297,9 @@ class Lock {
 
   /** Renew now (the lease ends ttlMs from now); LockLost when no longer held,
    * LockPolicyError when the server's policy refused the renewal (the lock then counts as
-   * lost, as the watchdog counts it). */
+   * lost, as the watchdog counts it), ioredis' ReplyError when the server renewed but could
+   * not confirm it (`NOREPLICAS the change was not acknowledged ...`, `ERR the change was not
+   * fsynced ...`): the lock is still held, on the local lease it had before. */
   async renew() {
     const token = this._token;
     if (token === null) throw new LockError(this.key, 'not held: acquire it first');
@@ -344,6 +384,12 @@ class Lock {
         this._renewing = null;
         if (reason !== null) this._reportLoss();
         else this._schedule(token, round + 1);
+      }, (error) => {
+        this._renewing = null;
+        if (!isUnconfirmed(error)) throw error;
+        // Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the next round
+        // renews again, or finds that lease over.
+        this._schedule(token, round + 1);
       });
     }, this.ttlMs / 3);
     this._timer.unref?.();
@@ -374,8 +420,10 @@ class Lock {
     }
   }
 
-  /** One renewal; the reason the lock is lost, or null when renewed. `anchored`: never send
-   * once the local lease has ended (a late renewal could extend a lease the server ended). */
+  /** One renewal; the reason the lock is lost, or null when renewed. Throws the server's
+   * error when the renewal was applied but not confirmed (isUnconfirmed): the lock is still
+   * held and the local lease is left as it was. `anchored`: never send once the local lease
+   * has ended (a late renewal could extend a lease the server ended). */
   async _renewOnce(token, anchored) {
     if (this._lostReason !== null) return this._lostReason;
     for (let retries = 0; ; retries += 1) {
@@ -393,15 +441,23 @@ class Lock {
           this._refused = refused;
           return this._markLost(`renewal refused: ${error.message}`);
         }
+        // Renewed on the primary, not confirmed: still held, on the old lease.
+        if (isUnconfirmed(error)) throw error;
         if (!isRetriable(error) || retries + 1 >= this.retry.attempts) return this._markLost(`renewal failed: ${error.message}`);
         await sleep(this.retry.delay(retries + 1));
         continue;
       }
       if (anchored && performance.now() >= this._leaseEnd) return this._markLost('the renewal was answered after the lease ran out');
-      if (reply !== 1) return this._markLost('LOCK.RENEW replied 0: the token no longer holds it');
+      if (reply !== 1) return this._markLost(NOT_HELD);
       this._leaseEnd = sent + this._leaseMs;
       return null;
     }
+  }
+
+  /** After an acquire that may have been granted: one LOCK.RELEASE with the token, best
+   * effort (the lease ends the grant otherwise). */
+  async _forget(token) {
+    await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
   }
 
   /** SYNC numreplicas timeout-ms and FSYNC timeout-ms, as asked. */
