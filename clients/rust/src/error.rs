@@ -108,7 +108,9 @@ pub enum Error {
     ///
     /// [`LockGuard::lost_reason`]: crate::LockGuard::lost_reason
     Lost,
-    /// Acquiring gave up after the retry policy (attempts or deadline) was used up. A grant may
+    /// Acquiring gave up after the retry policy (attempts or deadline) was used up, or a retry
+    /// after a lost reply was refused with `-POLICY` (the policy changed, or the retry reached
+    /// another node: the refusal says nothing about the earlier try). A grant may
     /// or may not exist on the server (a command can run even when its reply is lost): when an
     /// attempt failed with an I/O error after its request was sent, `acquire` sent one
     /// `LOCK.RELEASE` with the token before returning this (best effort: if that failed too,
@@ -130,7 +132,8 @@ pub enum Error {
     /// The server's lock namespaces refused the request with `-POLICY <namespace>: <detail>`
     /// (the key's namespace is in `enforce` mode in the server's `lock.namespaces`): nothing
     /// was changed. Returned on the first reply, never retried, since the same request breaks
-    /// the same rule. A renewal refused so also marks the guard lost
+    /// the same rule; but a retry refused so after a lost reply is [`Error::Unknown`] (the
+    /// lost try may have been granted). A renewal refused so also marks the guard lost
     /// ([`LostReason::Refused`]).
     Policy {
         /// The namespace whose rule the request broke, e.g. `orders`.

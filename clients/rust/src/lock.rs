@@ -264,8 +264,11 @@ impl Lock {
     /// token holds it (or the wait budget ran out), [`Error::Connection`] at once when no
     /// connection could be opened before any request was sent (nothing granted),
     /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
-    /// deadline) were used up without learning the outcome (then one `LOCK.RELEASE` with the
-    /// token gives back what may have been granted, best effort).
+    /// deadline) were used up without learning the outcome, or a retry after such a lost reply
+    /// was refused with `-POLICY` (then one `LOCK.RELEASE` with the token gives back what may
+    /// have been granted, best effort). [`Error::Policy`] when the server's lock namespaces
+    /// refused the request (nothing changed), also when they refused the renewal that anchors a
+    /// grant after a wait longer than a tenth of the lease (the grant was released first).
     ///
     /// Retries send the same token, so a grant whose reply was lost is returned (same fence)
     /// by the next attempt. With a limited wait, a retry waits only for what is left of the
@@ -347,6 +350,13 @@ impl Lock {
                     let sent = matches!(failure, Failure::Call(_));
                     let e = failure.into_error();
                     match classify(&e) {
+                        // A try whose reply was lost may have been granted (the policy changed
+                        // since, or this retry reached another node): a refusal now says
+                        // nothing about that try, so the outcome is unknown.
+                        Retry::No if maybe_granted && is_policy(&e) => {
+                            self.forget(&token, conn.take().map(|(c, _)| c));
+                            return Err(Error::Unknown(e));
+                        }
                         // A -POLICY reply comes back as Error::Policy.
                         Retry::No => return Err(Error::from(e)),
                         Retry::Resend => {}

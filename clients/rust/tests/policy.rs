@@ -135,3 +135,89 @@ fn review8_redlock_returns_a_policy_refusal_without_retrying() {
     );
     assert_eq!(rounds, 1, "one round");
 }
+
+// A POLICY refusal by one server of three stops the Redlock after one round, although the two
+// others granted (a majority): their grants are given back.
+#[test]
+fn a_redlock_refused_by_one_server_gives_the_others_grants_back() {
+    let servers: Vec<Server> = (0..3)
+        .map(|i| {
+            let config = Config::default();
+            Server::start_with(if i == 1 {
+                config.namespaces("orders prefix=orders: mode=enforce max-ttl=30000")
+            } else {
+                config
+            })
+        })
+        .collect();
+    let connectors: Vec<Arc<dyn redis_lock_client::Connector>> = servers
+        .iter()
+        .map(|s| Arc::new(client(s)) as Arc<dyn redis_lock_client::Connector>)
+        .collect();
+    let result = redis_lock_client::Redlock::new(connectors, "orders:1", Duration::from_secs(600))
+        .server_timeout(Duration::from_millis(500))
+        .retries(2, Duration::from_millis(20))
+        .acquire();
+    match result {
+        Err(Error::Policy { namespace, detail }) => {
+            assert_eq!(namespace, "orders");
+            assert_eq!(detail, "ttl 600000 above the namespace's max-ttl 30000");
+        }
+        other => panic!("{:?}", other.err()),
+    }
+    let rounds: Vec<i64> = servers
+        .iter()
+        .map(|s| support::calls(s, "lock.acquire"))
+        .collect();
+    assert_eq!(rounds, [1, 1, 1]);
+    let states: Vec<String> = servers
+        .iter()
+        .map(|s| {
+            let mut conn = s.conn();
+            match conn.call(&["EXISTS", "orders:1"]) {
+                Reply::Int(0) => "none".to_string(),
+                _ => common::state_of(&mut conn, "orders:1"),
+            }
+        })
+        .collect();
+    assert_eq!(states, ["free", "none", "free"]);
+}
+
+// NOREPLICAS (SYNC) and the FSYNC change error on LOCK.RENEW: the server renewed the lease and
+// could not confirm it. renew() returns the server's error; the guard is not lost, and its
+// local lease end is not moved.
+#[test]
+fn a_renewal_renewed_but_unconfirmed_keeps_the_lock_on_its_old_lease() {
+    let server = Server::start();
+    for text in [
+        "NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms: a failover \
+         may lose it",
+        "ERR the change was not fsynced to the AOF within 100 ms: a crash of this machine may \
+         lose it",
+    ] {
+        let fault = support::Fault {
+            at: "LOCK.RENEW".into(),
+            nth: support::Nth::These(vec![1]),
+            kind: support::FaultKind::ReplyError(text.into()),
+        };
+        let reasons = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&reasons);
+        let lock = Lock::new(
+            Faulty::new(client(&server), vec![fault]),
+            "orders:4",
+            Duration::from_secs(10),
+        )
+        .sync(0, Duration::from_millis(100))
+        .on_lost(move |why| seen.lock().expect("reasons").push(why));
+        let guard = lock.acquire().expect("acquire");
+        let lease_end = guard.lease_end();
+        match guard.renew() {
+            Err(Error::Redis(e)) => assert!(e.to_string().contains("the change was not"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!guard.is_lost(), "{text}");
+        assert_eq!(guard.lease_end(), lease_end, "the old lease only");
+        assert!(guard.release().expect("release"));
+        assert!(reasons.lock().expect("reasons").is_empty());
+    }
+}
