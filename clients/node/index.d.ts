@@ -18,6 +18,16 @@ export declare class LockNotAcquired extends LockError {}
 export declare class LockLost extends LockError {}
 export declare class LockUnknown extends LockError {}
 export declare class LockConnectionError extends LockError {}
+/** The server's lock namespaces refused the request (`-POLICY <namespace>: <detail>`): nothing
+ * was changed. Never retried. */
+export declare class LockPolicyError extends LockError {
+  /** The namespace whose rule was broken, e.g. `orders`. */
+  readonly namespace: string;
+  /** The rule broken, in the server's words, e.g. `a LABEL is required`. */
+  readonly detail: string;
+  /** ioredis' ReplyError. */
+  readonly cause: Error;
+}
 
 export interface RetryOptions {
   /** Attempts in all, the first included (default 6). */
@@ -60,6 +70,12 @@ export interface LockOptions {
   /** Called once when the grant is lost. */
   onLost?: (lock: Lock) => void;
   retry?: RetryPolicy;
+  /** `SYNC replicas timeoutMs` on every LOCK.ACQUIRE and LOCK.RENEW: the reply waits until
+   * that many replicas acknowledged the change (NOREPLICAS ... otherwise). */
+  sync?: { replicas: number; timeoutMs: number };
+  /** `FSYNC fsyncMs` on every LOCK.ACQUIRE and LOCK.RENEW: the reply waits until the change is
+   * fsynced to the server's AOF (`ERR FSYNC needs appendonly yes` without one). */
+  fsyncMs?: number;
 }
 
 export declare class Lock {
@@ -69,9 +85,14 @@ export declare class Lock {
   readonly lost: boolean;
   readonly held: boolean;
   check(): number;
-  /** The fence; LockNotAcquired, LockConnectionError (nothing sent) or LockUnknown (a reply
-   * lost and the retries used up; one LOCK.RELEASE with the token was tried). */
+  /** The fence; LockNotAcquired, LockConnectionError (nothing sent), LockPolicyError (the
+   * server's policy refused it, at once) or LockUnknown (a reply lost and the retries used up,
+   * or a retry after a lost reply refused by policy; one LOCK.RELEASE with the token was
+   * tried). */
   acquire(): Promise<number>;
+  /** LockLost when no longer held; LockPolicyError when the server's policy refused the
+   * renewal (the lock then counts as lost); ioredis' ReplyError when the server renewed but
+   * could not confirm it (NOREPLICAS, the FSYNC change error): still held, on the old lease. */
   renew(): Promise<void>;
   /** Stops the watchdog, then releases with the token (retried as acquire is): true when this
    * grant was released, false when it was not held any more. */

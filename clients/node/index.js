@@ -39,6 +39,40 @@ class LockLost extends LockError {}
 class LockUnknown extends LockError {}
 /** No connection could be opened before anything was sent: nothing was granted. */
 class LockConnectionError extends LockError {}
+/** The server's lock namespaces refused the request (`-POLICY <namespace>: <detail>`):
+ * nothing was changed. Never retried: the same request breaks the same rule. `cause` is
+ * ioredis' ReplyError. */
+class LockPolicyError extends LockError {
+  constructor(key, namespace, detail, cause) {
+    super(key, `refused by the policy of namespace ${namespace}: ${detail}`);
+    this.namespace = namespace;
+    this.detail = detail;
+    this.cause = cause;
+  }
+}
+
+/** LockPolicyError for a -POLICY reply, else null. */
+function policyError(key, error) {
+  const message = String(error && error.message);
+  if (!(error && error.name === 'ReplyError') || !message.startsWith('POLICY ')) return null;
+  const rest = message.slice('POLICY '.length);
+  const at = rest.indexOf(': ');
+  return at < 0 ? new LockPolicyError(key, rest, '', error)
+    : new LockPolicyError(key, rest.slice(0, at), rest.slice(at + 2), error);
+}
+
+/** Whether `error` answers a renewal the server applied but could not confirm: SYNC's
+ * `NOREPLICAS the change was not acknowledged ...: a failover may lose it` or FSYNC's `ERR the
+ * change was not fsynced to the AOF ...`. The lock is still held; only the lease it had before
+ * can be counted on. */
+function isUnconfirmed(error) {
+  const message = String(error && error.message);
+  return Boolean(error && error.name === 'ReplyError') &&
+    (message.startsWith('NOREPLICAS ') || message.startsWith('ERR the change was not fsynced'));
+}
+
+/** Why a lock is lost when LOCK.RENEW answers 0. */
+const NOT_HELD = 'LOCK.RENEW replied 0: the token no longer holds it';
 
 /** Errors worth sending the same request again for (with the same token): the server's "try
  * again" replies (the key moved with its slot, the cluster is failing over, the node became a
@@ -107,7 +141,7 @@ class Lock {
    */
   constructor(redis, key, {
     ttlMs, waitMs, shared = false, limit, label, watchdog = false, onLost,
-    retry = new RetryPolicy(),
+    retry = new RetryPolicy(), sync, fsyncMs,
   } = {}) {
     if (!Number.isInteger(ttlMs) || ttlMs < 1 || ttlMs > MAX_TTL_MS) {
       throw new LockArgumentError('ttl', `ttlMs must be an integer from 1 to ${MAX_TTL_MS} (one year), in ms`);
@@ -130,7 +164,7 @@ class Lock {
     if (label !== undefined && !validLabel(label)) {
       throw new LockArgumentError('label', 'a label is 1 to 128 bytes of printable ASCII without spaces');
     }
-    Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry });
+    Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry, sync, fsyncMs });
     // The local lease: allow 1% + 2 ms for the server's rounding and clock rate.
     this._leaseMs = Math.max(0, ttlMs * 0.99 - 2);
     this._token = null;
@@ -140,6 +174,7 @@ class Lock {
     this._lossReported = false;
     this._timer = null;
     this._renewing = null; // the renewal in flight, awaited by release()
+    this._refused = null; // a renewal's -POLICY refusal, for renew() to throw
     this._stopping = false;
     // Test seam: awaited by the watchdog with the round's number (from 0) between its timer
     // and its renewal; a promise that stays pending is a stalled watchdog.
@@ -178,6 +213,7 @@ class Lock {
     if (this.shared) base.push('SHARED');
     if (this.limit !== undefined) base.push('LIMIT', this.limit);
     if (this.label !== undefined) base.push('LABEL', this.label);
+    base.push(...this._durability());
     const waitsUntil = this.waitMs ? Date.now() + this.waitMs : null;
     let retries = 0;
     let maybeGranted = false;
@@ -195,7 +231,16 @@ class Lock {
       try {
         reply = await this.redis.call(...command);
       } catch (error) {
-        if (!isRetriable(error)) throw error;
+        if (!isRetriable(error)) {
+          const refused = policyError(this.key, error);
+          if (refused && maybeGranted) {
+            // An earlier try whose reply was lost may have been granted (the policy changed
+            // since, or this retry reached another node): the refusal says nothing about it.
+            await this._forget(token);
+            throw new LockUnknown(this.key, `a retry was refused (${error.message}) after a try whose reply was lost`);
+          }
+          throw refused ?? error;
+        }
         if (notConnected(error) && !maybeGranted) {
           throw new LockConnectionError(this.key, `could not connect, nothing was sent (${error.message})`);
         }
@@ -205,7 +250,7 @@ class Lock {
         const pause = this.retry._pause(retries, giveUpAt);
         if (pause === null) {
           // The grant may exist: release what this token may hold (once, best effort).
-          await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
+          await this._forget(token);
           throw new LockUnknown(this.key, `no answer after ${retries} attempts (${error.message})`);
         }
         await sleep(pause);
@@ -217,14 +262,32 @@ class Lock {
       this._leaseEnd = sent + this._leaseMs;
       this._lostReason = null;
       this._lossReported = false;
+      this._refused = null;
       this._stopping = false;
       if (performance.now() - sent > this.ttlMs / 10) {
         // Granted at an unknown moment of a long wait: a renewal sets a lease whose start is known.
-        const reason = await this._renewOnce(token, false);
+        let reason;
+        try {
+          reason = await this._renewOnce(token, false);
+        } catch (error) {
+          // Renewed but unconfirmed: the lease it can count on is the grant's, whose start is
+          // not known. Given back, as after any other failed renewal here.
+          this._token = null;
+          await this._forget(token);
+          throw new LockUnknown(this.key, `granted, but the renewal that anchors the lease: ${error.message}`);
+        }
         if (reason !== null) {
+          // Never handed out: not a loss to report.
           this._token = null;
           this._lostReason = null;
-          throw new LockNotAcquired(this.key, `granted, but ${reason}`);
+          const refused = this._refused;
+          this._refused = null;
+          if (reason === NOT_HELD) throw new LockNotAcquired(this.key, `granted, but ${reason}`);
+          // Refused or failed: the grant may stand until its lease ends. Give it back, so that
+          // a refusal leaves nothing changed, as its error says.
+          await this._forget(token);
+          if (refused) throw refused;
+          throw new LockUnknown(this.key, `granted, but ${reason}`);
         }
       }
       if (this.watchdog) this._schedule(token);
@@ -232,13 +295,23 @@ class Lock {
     }
   }
 
-  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held. */
+  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held,
+   * LockPolicyError when the server's policy refused the renewal (the lock then counts as
+   * lost, as the watchdog counts it), ioredis' ReplyError when the server renewed but could
+   * not confirm it (`NOREPLICAS the change was not acknowledged ...`, `ERR the change was not
+   * fsynced ...`): the lock is still held, on the local lease it had before. */
   async renew() {
     const token = this._token;
     if (token === null) throw new LockError(this.key, 'not held: acquire it first');
+    // Lost before this call (the watchdog's refusal, say): nothing is sent, and the answer is
+    // LockLost, not a refusal this call did not get.
+    const lostBefore = this._lostReason !== null;
     const reason = await this._renewOnce(token, true);
     if (reason !== null) {
       this._reportLoss();
+      const refused = lostBefore ? null : this._refused;
+      this._refused = null;
+      if (refused) throw refused;
       throw new LockLost(this.key, `lost: ${reason}`);
     }
   }
@@ -311,6 +384,12 @@ class Lock {
         this._renewing = null;
         if (reason !== null) this._reportLoss();
         else this._schedule(token, round + 1);
+      }, (error) => {
+        this._renewing = null;
+        if (!isUnconfirmed(error)) throw error;
+        // Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the next round
+        // renews again, or finds that lease over.
+        this._schedule(token, round + 1);
       });
     }, this.ttlMs / 3);
     this._timer.unref?.();
@@ -341,8 +420,10 @@ class Lock {
     }
   }
 
-  /** One renewal; the reason the lock is lost, or null when renewed. `anchored`: never send
-   * once the local lease has ended (a late renewal could extend a lease the server ended). */
+  /** One renewal; the reason the lock is lost, or null when renewed. Throws the server's
+   * error when the renewal was applied but not confirmed (isUnconfirmed): the lock is still
+   * held and the local lease is left as it was. `anchored`: never send once the local lease
+   * has ended (a late renewal could extend a lease the server ended). */
   async _renewOnce(token, anchored) {
     if (this._lostReason !== null) return this._lostReason;
     for (let retries = 0; ; retries += 1) {
@@ -351,17 +432,40 @@ class Lock {
       if (anchored && sent >= this._leaseEnd) return this._markLost('the lease ran out before the renewal was sent');
       let reply;
       try {
-        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs);
+        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs, ...this._durability());
       } catch (error) {
+        const refused = policyError(this.key, error);
+        if (refused) {
+          // The same renewal breaks the same rule every time: the lease cannot be kept as
+          // asked, so the lock counts as lost now, as after a 0.
+          this._refused = refused;
+          return this._markLost(`renewal refused: ${error.message}`);
+        }
+        // Renewed on the primary, not confirmed: still held, on the old lease.
+        if (isUnconfirmed(error)) throw error;
         if (!isRetriable(error) || retries + 1 >= this.retry.attempts) return this._markLost(`renewal failed: ${error.message}`);
         await sleep(this.retry.delay(retries + 1));
         continue;
       }
       if (anchored && performance.now() >= this._leaseEnd) return this._markLost('the renewal was answered after the lease ran out');
-      if (reply !== 1) return this._markLost('LOCK.RENEW replied 0: the token no longer holds it');
+      if (reply !== 1) return this._markLost(NOT_HELD);
       this._leaseEnd = sent + this._leaseMs;
       return null;
     }
+  }
+
+  /** After an acquire that may have been granted: one LOCK.RELEASE with the token, best
+   * effort (the lease ends the grant otherwise). */
+  async _forget(token) {
+    await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
+  }
+
+  /** SYNC numreplicas timeout-ms and FSYNC timeout-ms, as asked. */
+  _durability() {
+    const words = [];
+    if (this.sync !== undefined) words.push('SYNC', this.sync.replicas, this.sync.timeoutMs);
+    if (this.fsyncMs !== undefined) words.push('FSYNC', this.fsyncMs);
+    return words;
   }
 
   _markLost(reason) {
@@ -392,5 +496,5 @@ class Lock {
 
 module.exports = {
   Lock, RetryPolicy, LockError, LockArgumentError, LockNotAcquired, LockLost, LockUnknown,
-  LockConnectionError, isRetriable, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
+  LockConnectionError, LockPolicyError, isRetriable, MAX_TTL_MS, MAX_WAIT_MS, MAX_LIMIT, MAX_LABEL_LEN,
 };

@@ -12,14 +12,15 @@ const path = require('node:path');
 const Redis = require('ioredis');
 const { Faults, Pause, Server, waitFor } = require('./harness');
 const {
-  Lock, LockArgumentError, LockConnectionError, LockNotAcquired, LockUnknown, RetryPolicy,
+  Lock, LockArgumentError, LockConnectionError, LockNotAcquired, LockPolicyError, LockUnknown,
+  RetryPolicy,
 } = require('..');
 
 const HELPER = 'node';
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '../../conformance/cases.json'), 'utf8'));
-const CASE_FIELDS = new Set(['name', 'lock', 'server', 'setup', 'faults', 'steps', 'unrepresentable', 'expect']);
+const CASE_FIELDS = new Set(['name', 'lock', 'server', 'namespaces', 'setup', 'faults', 'steps', 'unrepresentable', 'expect']);
 const LOCK_FIELDS = new Set(['ttl_ms', 'wait_ms', 'shared', 'limit', 'watchdog', 'retry_attempts']);
-const EXPECT_FIELDS = new Set(['acquire', 'reason', 'message', 'within_ms', 'on_lost_calls', 'sent', 'one_token']);
+const EXPECT_FIELDS = new Set(['acquire', 'reason', 'message', 'namespace', 'detail', 'within_ms', 'on_lost_calls', 'sent', 'one_token']);
 const FAULT_FIELDS = new Set(['at', 'nth', 'fault', 'error']);
 /** Each step and the fields it takes besides `do`. */
 const STEPS = {
@@ -78,7 +79,18 @@ function checkFields(c) {
 async function runCase(c) {
   checkFields(c);
   const key = `conformance:${c.name}:${crypto.randomBytes(4).toString('hex')}`;
-  const sub = (args) => args.map((a) => (a === '$KEY' ? key : a));
+  const sub = (args) => args.map((a) => (typeof a === 'string' ? a.replaceAll('$KEY', key) : a));
+  if (c.namespaces === undefined) return runCaseWithKey(c, key, sub);
+  // The server is shared by every case: its policy is cleared whatever the case did.
+  try {
+    await admin.call(...sub(['CONFIG', 'SET', 'lock.namespaces', c.namespaces]));
+    return await runCaseWithKey(c, key, sub);
+  } finally {
+    await admin.call('CONFIG', 'SET', 'lock.namespaces', '');
+  }
+}
+
+async function runCaseWithKey(c, key, sub) {
   for (const command of c.setup ?? []) await admin.call(...sub(command));
   let real;
   if (c.server === 'closed-port') {
@@ -119,6 +131,7 @@ async function runCase(c) {
       if (e instanceof LockNotAcquired) outcome = 'not-acquired';
       else if (e instanceof LockConnectionError) outcome = 'connection-error';
       else if (e instanceof LockUnknown) outcome = 'unknown';
+      else if (e instanceof LockPolicyError) outcome = 'policy';
       else if (e instanceof LockArgumentError) outcome = 'refused';
       else if (e && e.name === 'ReplyError') outcome = 'server-error';
       else throw e;
@@ -126,6 +139,10 @@ async function runCase(c) {
     assert.equal(outcome, expect.acquire, `${c.name}: ${error}`);
     if (expect.message) assert.ok(String(error.message).includes(expect.message), `${c.name}: ${error.message}`);
     if (expect.reason) assert.equal(error.reason, expect.reason, c.name);
+    if (outcome === 'policy') {
+      assert.equal(error.namespace, expect.namespace, `${c.name}: the namespace`);
+      assert.ok(error.detail.includes(expect.detail ?? ''), `${c.name}: ${error.detail}`);
+    }
     if (expect.within_ms) assert.ok(Date.now() - started <= expect.within_ms, `${c.name}: took ${Date.now() - started} ms`);
     for (const step of c.steps ?? []) {
       if (fence === null) assert.ok(!GRANT_STEPS.has(step.do), `${c.name}: ${step.do} needs a grant`);

@@ -2,14 +2,15 @@
 // The helper against a real server with the module: the guard's fence, refusal, waiting,
 // shared holds and permits, labels, run(), the watchdog and its end at release, onLost once,
 // stale fences refused by LOCK.GUARD, bad settings refused before sending, a refused
-// connection. Retries are in retries.test.js, Redis Cluster in cluster.test.js, the cases all
+// connection, a lock namespace's refusals, SYNC and FSYNC. Retries are in retries.test.js, Redis Cluster in cluster.test.js, the cases all
 // helpers share in conformance.test.js.
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
 const { Faults, Pause, Server, waitFor } = require('./harness');
 const {
-  Lock, LockArgumentError, LockConnectionError, LockLost, LockNotAcquired, RetryPolicy,
+  Lock, LockArgumentError, LockConnectionError, LockError, LockLost, LockNotAcquired,
+  LockPolicyError, RetryPolicy,
 } = require('..');
 
 let server;
@@ -183,5 +184,102 @@ test('a refused connection is a connection error: nothing was sent', async () =>
     await assert.rejects(new Lock(closed, freshKey(), { ttlMs: 1000 }).acquire(), LockConnectionError);
   } finally {
     closed.disconnect();
+  }
+});
+
+test('a lock namespace refusal is LockPolicyError, at once; a refused renewal counts as lost', async () => {
+  const key = freshKey();
+  const setPolicy = (text) => redis.call('CONFIG', 'SET', 'lock.namespaces', text);
+  try {
+    await setPolicy(`orders prefix=${key} mode=enforce max-ttl=30000 label=required`);
+    const client = new Faults(redis, []);
+    const long = new Lock(client, key, { ttlMs: 600_000, label: 'host-7' });
+    const refused = await long.acquire().then(() => null, (error) => error);
+    assert.ok(refused instanceof LockPolicyError && refused instanceof LockError, String(refused));
+    assert.equal(refused.namespace, 'orders');
+    assert.equal(refused.detail, "ttl 600000 above the namespace's max-ttl 30000");
+    assert.equal(refused.cause.name, 'ReplyError');
+    await assert.rejects(new Lock(client, key, { ttlMs: 10_000 }).acquire(),
+      (error) => error instanceof LockPolicyError && error.detail === 'a LABEL is required');
+    assert.equal(client.count('LOCK.ACQUIRE'), 2, 'one try each');
+    assert.equal(await server.info(key), null, 'nothing changed');
+
+    let lostCalls = 0;
+    const lock = new Lock(redis, key, { ttlMs: 10_000, label: 'host-7', onLost: () => { lostCalls += 1; } });
+    await lock.acquire();
+    await setPolicy(`orders prefix=${key} mode=enforce min-ttl=20000`);
+    await assert.rejects(lock.renew(),
+      (error) => error instanceof LockPolicyError && error.detail === "ttl 10000 below the namespace's min-ttl 20000");
+    assert.equal(lock.lost, true);
+    assert.equal(lostCalls, 1, 'reported once');
+    assert.throws(() => lock.check(), LockLost);
+    assert.equal(await lock.release(), true, 'the grant was still there');
+  } finally {
+    await setPolicy('');
+  }
+});
+
+test('SYNC and FSYNC reach the server', async () => {
+  const key = freshKey();
+  const client = new Faults(redis, []);
+  // SYNC 0 answers at once.
+  const lock = new Lock(client, key, { ttlMs: 10_000, sync: { replicas: 0, timeoutMs: 100 } });
+  await lock.acquire();
+  await lock.renew();
+  assert.equal(await lock.release(), true);
+  assert.deepEqual(client.sent[0].slice(3).map(String), ['10000', 'SYNC', '0', '100']);
+  assert.deepEqual(client.sent[1].slice(3).map(String), ['10000', 'SYNC', '0', '100']);
+  // The test server runs without an AOF.
+  await assert.rejects(new Lock(redis, key, { ttlMs: 10_000, fsyncMs: 100 }).acquire(),
+    (error) => error.name === 'ReplyError' && error.message.includes('FSYNC needs appendonly yes'));
+});
+
+// Review of the -POLICY / SYNC / FSYNC change (branch review8).
+test('review8: a second renew() after a refused one is LockLost, not the old refusal again', async () => {
+  // FAILS: _refused is set by a refused renewal and never cleared (only acquire() clears it), so
+  // every later renew() of the lost grant throws the same stale LockPolicyError although it sent
+  // nothing and nothing refused it. Python raises LockLost on the second renew(), Rust
+  // Error::Lost: the same calls get different answers across helpers.
+  const key = freshKey();
+  const setPolicy = (text) => redis.call('CONFIG', 'SET', 'lock.namespaces', text);
+  try {
+    const client = new Faults(redis, []);
+    const lock = new Lock(client, key, { ttlMs: 10_000 });
+    await lock.acquire();
+    await setPolicy(`orders prefix=${key} mode=enforce min-ttl=20000`);
+    await assert.rejects(lock.renew(), LockPolicyError);
+    const second = await lock.renew().then(() => null, (error) => error);
+    assert.equal(client.count('LOCK.RENEW'), 1, 'the second renew() sent nothing');
+    assert.ok(second instanceof LockLost, `second renew() threw ${second && second.constructor.name}`);
+    await lock.release();
+  } finally {
+    await setPolicy('');
+  }
+});
+
+test('review8: watchdog and renew() refused at the same time report the loss once', async () => {
+  // PASSES (pins: with a watchdog renewal and an explicit renew() both in flight and both
+  // answered -POLICY, onLost is called exactly once and renew() throws LockPolicyError).
+  const key = freshKey();
+  const setPolicy = (text) => redis.call('CONFIG', 'SET', 'lock.namespaces', text);
+  try {
+    const client = new Faults(redis, []);
+    let lostCalls = 0;
+    const lock = new Lock(client, key, { ttlMs: 1500, watchdog: true, onLost: () => { lostCalls += 1; } });
+    const pause = new Pause(0);
+    lock._beforeRenewal = pause.hook();
+    await lock.acquire();
+    await pause.waitReached();
+    await setPolicy(`orders prefix=${key} mode=enforce min-ttl=5000`);
+    const explicit = lock.renew().then(() => null, (error) => error);
+    pause.go();
+    const error = await explicit;
+    await waitFor('the watchdog round to end', () => lock._renewing === null);
+    assert.ok(error instanceof LockPolicyError, String(error));
+    assert.equal(client.count('LOCK.RENEW'), 2, 'both renewals were sent');
+    assert.equal(lostCalls, 1);
+    assert.equal(await lock.release(), true);
+  } finally {
+    await setPolicy('');
   }
 });

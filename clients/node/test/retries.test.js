@@ -9,7 +9,7 @@ const assert = require('node:assert/strict');
 const { ReplyError } = require('ioredis');
 const { MaxRetriesPerRequestError } = require('ioredis/built/errors');
 const {
-  Lock, LockConnectionError, LockNotAcquired, LockUnknown, RetryPolicy, isRetriable,
+  Lock, LockConnectionError, LockNotAcquired, LockPolicyError, LockUnknown, RetryPolicy, isRetriable,
 } = require('..');
 
 const FAST = new RetryPolicy({ attempts: 4, baseMs: 1, capMs: 4 });
@@ -47,7 +47,8 @@ test('the server\'s try-again replies and lost connections are retried, nothing 
   for (const error of [new ReplyError('MOVED 3999 127.0.0.1:6381'), new ReplyError('ASK 3999 127.0.0.1:6381'),
     new ReplyError("READONLY You can't write against a read only replica."),
     new ReplyError('WRONGTYPE Operation against a key holding the wrong kind of value'),
-    new ReplyError('ERR invalid ttl-ms: must be positive'), new TypeError('x')]) {
+    new ReplyError('ERR invalid ttl-ms: must be positive'),
+    new ReplyError('POLICY orders: a LABEL is required'), new TypeError('x')]) {
     assert.equal(isRetriable(error), false, error.message);
   }
 });
@@ -147,5 +148,44 @@ test('retry policies that make no sense are refused; the defaults are the other 
   }
   for (const options of [{ attempts: 0 }, { attempts: 1.5 }, { baseMs: -1 }, { capMs: -1 }, { deadlineMs: 0 }]) {
     assert.throws(() => new RetryPolicy(options), (e) => e.reason === 'retry', JSON.stringify(options));
+  }
+});
+
+test('a renewal renewed but unconfirmed keeps the lock on its old lease', async () => {
+  // NOREPLICAS (SYNC) and the FSYNC change error on LOCK.RENEW: the server renewed the lease
+  // and could not confirm it. renew() throws the server's error; the lock is not lost, and the
+  // local lease is not extended.
+  for (const text of ['NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms: a failover may lose it',
+    'ERR the change was not fsynced to the AOF within 100 ms: a crash of this machine may lose it']) {
+    let lostCalls = 0;
+    const client = new Scripted([42, new ReplyError(text), 1]);
+    const lock = new Lock(client, 'k', { ttlMs: 10_000, sync: { replicas: 1, timeoutMs: 100 },
+      onLost: () => { lostCalls += 1; } });
+    await lock.acquire();
+    const leaseEnd = lock._leaseEnd;
+    await assert.rejects(lock.renew(), (error) => error instanceof ReplyError && error.message === text);
+    assert.equal(lock.lost, false, text);
+    assert.equal(lock._leaseEnd, leaseEnd, 'the old lease only');
+    assert.equal(await lock.release(), true);
+    assert.equal(lostCalls, 0);
+  }
+});
+
+test('a long-wait grant whose anchoring renewal fails is given back', async () => {
+  // A grant that took longer than ttl/10 is anchored by a LOCK.RENEW. Refused by policy:
+  // released, LockPolicyError. Renewed unconfirmed or failed otherwise: released, LockUnknown.
+  // Answered 0: nothing to give back, LockNotAcquired. (As the Python and Rust helpers.)
+  const cases = [
+    [new ReplyError("POLICY orders: ttl 100 below the namespace's min-ttl 500"), LockPolicyError, true],
+    [new ReplyError('NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms: a failover may lose it'), LockUnknown, true],
+    [new ReplyError('WRONGTYPE Operation against a key holding the wrong kind of value'), LockUnknown, true],
+    [0, LockNotAcquired, false],
+  ];
+  for (const [renewal, thrown, released] of cases) {
+    const client = new Scripted([42, renewal, 1], 30);
+    await assert.rejects(new Lock(client, 'k', { ttlMs: 100, waitMs: 5000 }).acquire(),
+      (error) => error.constructor === thrown);
+    const expected = ['LOCK.ACQUIRE', 'LOCK.RENEW', ...(released ? ['LOCK.RELEASE'] : [])];
+    assert.deepEqual(client.calls.map((call) => call[0]), expected, String(renewal));
   }
 });

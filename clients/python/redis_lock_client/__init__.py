@@ -22,6 +22,7 @@ from ._lock import (
     LockError,
     LockLost,
     LockNotAcquired,
+    LockPolicyError,
     LockUnknown,
     RetryPolicy,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "LockError",
     "LockLost",
     "LockNotAcquired",
+    "LockPolicyError",
     "LockUnknown",
     "Redlock",
     "RedlockNoFence",

@@ -45,6 +45,9 @@ T = TypeVar("T")
 _RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "UNBLOCKED", "LOADING", "MASTERDOWN")
 
 
+# Why a lock is lost when LOCK.RENEW answers 0.
+_NOT_HELD = "LOCK.RENEW replied 0: the token no longer holds it"
+
 # The largest values any server with the module accepts: lock.max-ttl can be raised to one year,
 # a WAIT timeout to 2^45 ms, a semaphore to 10000 permits. Beyond them nothing can be granted.
 MAX_TTL_MS = 31_536_000_000
@@ -90,6 +93,47 @@ class LockUnknown(LockError):
     """A request was sent but its reply was lost, and the retries (same token) ran out before
     the outcome was known. A grant that did happen ends with its lease (the helper also tried to
     release it)."""
+
+
+class LockPolicyError(LockError):
+    """The server's lock namespaces refused the request (a ``-POLICY`` reply, from a server with
+    ``lock.namespaces`` in ``enforce`` mode): nothing was changed. Never retried: the same
+    request breaks the same rule. ``namespace`` names the namespace, ``detail`` the rule broken
+    (``ttl 600000 above the namespace's max-ttl 30000``, ``a LABEL is required``); the
+    redis-py error is the ``__cause__``."""
+
+    def __init__(self, key: Any, namespace: str, detail: str):
+        super().__init__(key, f"refused by the policy of namespace {namespace}: {detail}")
+        self.namespace = namespace
+        self.detail = detail
+
+
+def policy_error(key: Any, error: BaseException) -> Optional[LockPolicyError]:
+    """``LockPolicyError`` for a ``-POLICY <namespace>: <detail>`` reply, else None."""
+    if not isinstance(error, rx.ResponseError):
+        return None
+    # redis-py strips a code it knows (`ERR POLICY x` arrives as `POLICY x` with status_code
+    # "ERR"); a POLICY reply's code is unknown to it and stays in the text.
+    if getattr(error, "status_code", None) is not None:
+        return None
+    text = str(error)
+    if not text.startswith("POLICY "):
+        return None
+    namespace, _, detail = text[len("POLICY ") :].partition(": ")
+    return LockPolicyError(key, namespace, detail)
+
+
+def unconfirmed(error: BaseException) -> bool:
+    """Whether ``error`` answers a renewal that the server applied but could not confirm:
+    SYNC's ``NOREPLICAS the change was not acknowledged ...: a failover may lose it`` or FSYNC's
+    ``ERR the change was not fsynced to the AOF ...``. The lease was renewed on the primary, so
+    the lock is still held; only the lease it had before can be counted on."""
+    if not isinstance(error, rx.ResponseError):
+        return False
+    text = str(error)
+    if getattr(error, "status_code", None) == "ERR":
+        return text.startswith("the change was not fsynced")
+    return text.startswith("NOREPLICAS ")
 
 
 class LockConnectionError(LockError):
@@ -194,6 +238,8 @@ class Lock:
         on_lost: Optional[Callable[["Lock"], None]] = None,
         retry: RetryPolicy = RetryPolicy(),
         label: Optional[str] = None,
+        sync: Optional[tuple[int, int]] = None,
+        fsync_ms: Optional[int] = None,
     ):
         if not _is_int(ttl_ms) or not 1 <= ttl_ms <= MAX_TTL_MS:
             raise LockArgumentError(
@@ -223,6 +269,22 @@ class Lock:
             raise LockArgumentError(
                 "label", "a label is 1 to 128 bytes of printable ASCII without spaces"
             )
+        if sync is not None and not (
+            isinstance(sync, tuple)
+            and len(sync) == 2
+            and _is_int(sync[0])
+            and _is_int(sync[1])
+            and sync[0] >= 0
+            and 1 <= sync[1] <= MAX_WAIT_MS
+        ):
+            raise LockArgumentError(
+                "sync",
+                f"sync must be None or (numreplicas >= 0, timeout_ms from 1 to {MAX_WAIT_MS})",
+            )
+        if fsync_ms is not None and (not _is_int(fsync_ms) or not 1 <= fsync_ms <= MAX_WAIT_MS):
+            raise LockArgumentError(
+                "fsync", f"fsync_ms must be None or a timeout from 1 to {MAX_WAIT_MS} ms"
+            )
         self._client = client
         self.key = key
         self.ttl_ms = ttl_ms
@@ -234,6 +296,8 @@ class Lock:
         self.on_lost = on_lost
         self.retry = retry
         self.label = label
+        self.sync = sync
+        self.fsync_ms = fsync_ms
         # The local lease: the server counts whole milliseconds from when it ran the command, so
         # allow 1% + 2 ms for rounding and clock rate.
         self._lease_s = max(0.0, ttl_ms * 0.99 - 2) / 1000
@@ -248,6 +312,8 @@ class Lock:
         self._mutex = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # A renewal's -POLICY refusal, for renew() to raise (set and read under _mutex).
+        self._refused: Optional[LockPolicyError] = None
         # Tests pause the watchdog here, between its timer firing and its renewal.
         self._watchdog_paused: Callable[[], None] = lambda: None
 
@@ -305,6 +371,7 @@ class Lock:
             base += ["LIMIT", self.limit]
         if self.label is not None:
             base += ["LABEL", self.label]
+        base += self._durability()
         waits_until = None
         if self.wait_ms:
             waits_until = time.monotonic() + self.wait_ms / 1000
@@ -326,6 +393,18 @@ class Lock:
                 reply = self._client.execute_command(*command)
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
+                    refused = policy_error(self.key, error)
+                    if refused is not None and maybe_granted:
+                        # An earlier try whose reply was lost may have been granted (the
+                        # policy changed since, or this retry reached another node): the
+                        # refusal says nothing about that try.
+                        self._forget(token)
+                        raise LockUnknown(
+                            self.key,
+                            f"a retry was refused ({error}) after a try whose reply was lost",
+                        ) from error
+                    if refused is not None:
+                        raise refused from error
                     raise
                 if not_connected(error) and not maybe_granted:
                     raise LockConnectionError(
@@ -348,16 +427,34 @@ class Lock:
             self._lease_end = sent + self._lease_s
             self._lost_reason = None
             self._loss_reported = False
+            self._refused = None
             if (time.monotonic() - sent) * 1000 > self.ttl_ms / 10:
                 # Granted at some moment of a long wait: only "after sent" is known, so the local
                 # lease would be too short. A renewal now sets a lease whose start is known.
-                with self._mutex:
-                    reason = self._renew_locked(token, anchored=False)
+                try:
+                    with self._mutex:
+                        reason = self._renew_locked(token, anchored=False)
+                except rx.ResponseError as error:
+                    # Renewed but unconfirmed: the lease it can count on is the grant's, whose
+                    # start is not known. Given back, as after any other failed renewal here.
+                    self._token = None
+                    self._forget(token)
+                    raise LockUnknown(
+                        self.key, f"granted, but the renewal that anchors the lease: {error}"
+                    ) from error
                 if reason is not None:
                     # Never handed out: not a loss to report.
                     self._token = None
                     self._lost_reason = None
-                    raise LockNotAcquired(self.key, f"granted, but {reason}")
+                    refused, self._refused = self._refused, None
+                    if reason == _NOT_HELD:
+                        raise LockNotAcquired(self.key, f"granted, but {reason}")
+                    # Refused or failed: the grant may stand until its lease ends. Give it
+                    # back, so that a refusal leaves nothing changed, as its error says.
+                    self._forget(token)
+                    if refused is not None:
+                        raise refused
+                    raise LockUnknown(self.key, f"granted, but {reason}")
             if self.watchdog:
                 self._start_watchdog(token)
             return self._fence
@@ -387,14 +484,22 @@ class Lock:
 
     def renew(self) -> None:
         """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
-        longer held; with a watchdog running there is no need to call this."""
+        longer held, ``LockPolicyError`` when the server's policy refused the renewal (the lock
+        then counts as lost, as the watchdog counts it), and redis-py's ``ResponseError`` when
+        the server renewed but could not confirm it (``NOREPLICAS the change was not
+        acknowledged ...``, ``the change was not fsynced ...``): the lock is still held, and
+        the local lease stays as it was. With a watchdog running there is no need to call
+        this."""
         token = self._token
         if token is None:
             raise LockError(self.key, "not held: acquire it first")
         with self._mutex:
             reason = self._renew_locked(token)
+            refused, self._refused = self._refused, None
         if reason is not None:
             self._report_loss()
+            if refused is not None:
+                raise refused
             raise LockLost(self.key, f"lost: {reason}")
 
     def relabel(self, label: str) -> None:
@@ -413,9 +518,16 @@ class Lock:
                 self._mark_lost("the lease ran out before the new label was sent")
             if self._lost_reason is None:
                 sent = time.monotonic()
-                reply = self._client.execute_command(
-                    "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label
-                )
+                try:
+                    reply = self._client.execute_command(
+                        "LOCK.ACQUIRE", self.key, token, self.ttl_ms, "LABEL", label,
+                        *self._durability(),
+                    )
+                except rx.ResponseError as error:
+                    refused = policy_error(self.key, error)
+                    if refused is not None:
+                        raise refused from error
+                    raise
                 if reply is None or int(reply) != self._fence:
                     self._mark_lost("the token no longer holds the lock (relabel)")
                 else:
@@ -511,7 +623,17 @@ class Lock:
             with self._mutex:
                 if self._stopping.is_set():
                     return
-                reason = self._renew_locked(token)
+                try:
+                    reason = self._renew_locked(token)
+                except rx.ResponseError as error:
+                    # Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the
+                    # next round renews again, or finds that lease over.
+                    log.warning("lock %s renewed unconfirmed: %s", _text(self.key), error)
+                    continue
+                finally:
+                    # The refusal is the watchdog's to report (as a loss), not a later
+                    # renew()'s to raise: that call sends nothing and answers LockLost.
+                    self._refused = None
             if reason is not None:
                 break
         if reason is not None:
@@ -519,7 +641,9 @@ class Lock:
 
     def _renew_locked(self, token: bytes, anchored: bool = True) -> Optional[str]:
         """One renewal (with retries while the lease lasts), under ``_mutex``. Returns why the
-        lock is lost, or None when renewed. ``anchored=False``: the local lease end is not known
+        lock is lost, or None when renewed. Raises the server's error when the renewal was
+        applied but not confirmed (``unconfirmed``): the lock is still held and the local lease
+        is left as it was. ``anchored=False``: the local lease end is not known
         yet (a grant at an unknown moment of a long wait); the server's 1 alone says the hold
         never lapsed, since RENEW finds nothing to renew once a lease has ended."""
         if self._lost_reason is not None:
@@ -530,8 +654,20 @@ class Lock:
             if anchored and sent >= self._lease_end:
                 return self._mark_lost("the lease ran out before the renewal was sent")
             try:
-                reply = self._client.execute_command("LOCK.RENEW", self.key, token, self.ttl_ms)
+                reply = self._client.execute_command(
+                    "LOCK.RENEW", self.key, token, self.ttl_ms, *self._durability()
+                )
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
+                refused = policy_error(self.key, error)
+                if refused is not None:
+                    # The same renewal breaks the same rule every time: the lease cannot be
+                    # kept as asked, so the lock counts as lost now, as after a 0.
+                    refused.__cause__ = error
+                    self._refused = refused
+                    return self._mark_lost(f"renewal refused: {error}")
+                if unconfirmed(error):
+                    # Renewed on the primary, not confirmed: still held, on the old lease.
+                    raise
                 retries += 1
                 if not is_retriable(error) or retries >= self.retry.attempts:
                     return self._mark_lost(f"renewal failed: {error}")
@@ -540,7 +676,7 @@ class Lock:
             if anchored and time.monotonic() >= self._lease_end:
                 return self._mark_lost("the renewal was answered after the lease ran out")
             if reply != 1:
-                return self._mark_lost("LOCK.RENEW replied 0: the token no longer holds it")
+                return self._mark_lost(_NOT_HELD)
             self._lease_end = sent + self._lease_s
             return None
 
@@ -614,6 +750,15 @@ class Lock:
         if retries >= self.retry.attempts or now + pause >= give_up_at:
             return None, give_up_at
         return pause, give_up_at
+
+    def _durability(self) -> list:
+        """``SYNC numreplicas timeout-ms`` and ``FSYNC timeout-ms``, as asked."""
+        words: list = []
+        if self.sync is not None:
+            words += ["SYNC", *self.sync]
+        if self.fsync_ms is not None:
+            words += ["FSYNC", self.fsync_ms]
+        return words
 
     def _forget(self, token: bytes) -> None:
         """After an acquire without an answer: one try to release what may have been granted."""

@@ -24,7 +24,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Optional
 
-from ._lock import LockArgumentError, LockError, LockNotAcquired, MAX_TTL_MS, _is_int, _text
+from ._lock import (
+    MAX_TTL_MS,
+    LockArgumentError,
+    LockError,
+    LockNotAcquired,
+    LockPolicyError,
+    _is_int,
+    _text,
+    policy_error,
+)
 
 #: The drift allowance: validity = ttl - elapsed - (ttl * DRIFT_FACTOR + 2 ms). It covers the
 #: servers' clocks running at slightly different rates over one lease (1%), plus rounding.
@@ -99,32 +108,44 @@ class Redlock:
 
     # ---- rounds ----------------------------------------------------------------------------
 
-    def _round(self, *command: Any) -> dict[int, Any]:
+    def _round(self, *command: Any) -> tuple[dict[int, Any], Optional[LockPolicyError]]:
         """Sends ``command`` to every server at once; the replies that came within the
-        per-server timeout, by server index (errors and silence are left out)."""
+        per-server timeout, by server index (errors and silence are left out), and the
+        ``-POLICY`` refusal of the first server (by index) that answered with one."""
         futures = {
             self._pool.submit(client.execute_command, *command): i
             for i, client in enumerate(self._clients)
         }
         done, _ = wait(futures, timeout=self.server_timeout_s)
         replies = {}
+        refusals: dict[int, LockPolicyError] = {}
         for future in done:
             try:
                 replies[futures[future]] = future.result()
-            except Exception:  # noqa: BLE001 - a server that failed counts as not granting
-                continue
-        return replies
+            except Exception as error:  # noqa: BLE001 - a server that failed did not grant
+                refused = policy_error(self.key, error)
+                if refused is not None:
+                    refused.__cause__ = error
+                    refusals[futures[future]] = refused
+        return replies, refusals[min(refusals)] if refusals else None
 
     def acquire(self) -> dict[int, int]:
         """Take the lock on a majority and return the fences by server. Raises
         ``LockNotAcquired`` after ``1 + retries`` failed rounds (every grant of a failed round
-        is released, on every server, with the token)."""
+        is released, on every server, with the token), and ``LockPolicyError`` at once, after
+        that round's release, when any server's lock namespaces refused the request (another
+        round would break the same rule)."""
         if self.held:
             raise LockError(self.key, "already held by this Redlock: release it first")
         for attempt in range(1 + self.retries):
             token = os.urandom(16)
             started = time.monotonic()
-            replies = self._round("LOCK.ACQUIRE", self.key, token, self.ttl_ms)
+            replies, refused = self._round("LOCK.ACQUIRE", self.key, token, self.ttl_ms)
+            if refused is not None:
+                # The request breaks a server's lock namespace: another round would too. Give
+                # back what the others granted.
+                self._round("LOCK.RELEASE", self.key, token)
+                raise refused
             grants = {i: int(r) for i, r in replies.items() if r is not None}
             elapsed = time.monotonic() - started
             validity = self.ttl_ms / 1000 - elapsed - (self.ttl_ms * DRIFT_FACTOR + 2) / 1000
@@ -151,7 +172,7 @@ class Redlock:
             if token is None or not self.held:
                 return False
             started = time.monotonic()
-            replies = self._round("LOCK.RENEW", self.key, token, self.ttl_ms)
+            replies, _ = self._round("LOCK.RENEW", self.key, token, self.ttl_ms)
             renewed = sum(1 for r in replies.values() if r == 1)
             elapsed = time.monotonic() - started
             validity = self.ttl_ms / 1000 - elapsed - (self.ttl_ms * DRIFT_FACTOR + 2) / 1000
@@ -190,7 +211,7 @@ class Redlock:
             self._valid_until = 0.0
         if token is None:
             return 0
-        replies = self._round("LOCK.RELEASE", self.key, token)
+        replies, _ = self._round("LOCK.RELEASE", self.key, token)
         return sum(1 for r in replies.values() if r == 1)
 
     def close(self) -> None:

@@ -22,13 +22,15 @@ from redis.retry import Retry
 
 from harness import Faults, Pause, Server, free_port, wait_for
 from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockNotAcquired,
-                               LockUnknown, RetryPolicy)
+                               LockPolicyError, LockUnknown, RetryPolicy)
 
 CASES = Path(__file__).resolve().parents[2] / "conformance" / "cases.json"
 HELPER = "python"
-CASE_FIELDS = {"name", "lock", "server", "setup", "faults", "steps", "unrepresentable", "expect"}
+CASE_FIELDS = {"name", "lock", "server", "namespaces", "setup", "faults", "steps",
+               "unrepresentable", "expect"}
 LOCK_FIELDS = {"ttl_ms", "wait_ms", "shared", "limit", "watchdog", "retry_attempts"}
-EXPECT_FIELDS = {"acquire", "reason", "message", "within_ms", "on_lost_calls", "sent", "one_token"}
+EXPECT_FIELDS = {"acquire", "reason", "message", "namespace", "detail", "within_ms",
+                 "on_lost_calls", "sent", "one_token"}
 FAULT_FIELDS = {"at", "nth", "fault", "error"}
 STEP_FIELDS = {"server": {"command"}, "wait-server-expiry": set(), "check-lost": {"expect"},
                "release": {"expect"}, "check-server": {"expect"}, "wait-sent": {"command", "count"},
@@ -96,8 +98,20 @@ class Conformance(unittest.TestCase):
         key = f"conformance:{case['name']}:{uuid.uuid4().hex[:8]}"
 
         def with_key(words: list) -> list:
-            return [key if word == "$KEY" else word for word in words]
+            return [word.replace("$KEY", key) for word in words]
 
+        if "namespaces" not in case:
+            self.run_case_with_key(case, key, with_key)
+            return
+        # The server is shared by every case: its policy is cleared whatever the case did.
+        try:
+            self.admin.execute_command(*with_key(["CONFIG", "SET", "lock.namespaces",
+                                                  case["namespaces"]]))
+            self.run_case_with_key(case, key, with_key)
+        finally:
+            self.admin.execute_command("CONFIG", "SET", "lock.namespaces", "")
+
+    def run_case_with_key(self, case: dict, key: str, with_key) -> None:
         for command in case.get("setup", []):
             self.admin.execute_command(*with_key(command))
         server = case.get("server", "running")
@@ -124,6 +138,10 @@ class Conformance(unittest.TestCase):
                                  "refused before any command")
             if outcome == "server-error":
                 self.assertIn(expect["message"], detail)
+            if outcome == "policy":
+                namespace, rule = detail
+                self.assertEqual(namespace, expect["namespace"], "the namespace")
+                self.assertIn(expect.get("detail", ""), rule, "the rule")
             if "within_ms" in expect:
                 self.assertLess(self.elapsed_ms, expect["within_ms"])
             for step in case.get("steps", []):
@@ -172,6 +190,8 @@ class Conformance(unittest.TestCase):
             return "connection-error", str(error), None
         except LockUnknown as error:
             return "unknown", str(error), None
+        except LockPolicyError as error:
+            return "policy", (error.namespace, error.detail), None
         except rx.ResponseError as error:
             # redis-py keeps a known error code (MOVED, READONLY, ...) apart from the text.
             code = getattr(error, "status_code", None)

@@ -23,11 +23,13 @@ from redis import exceptions as rx
 
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis._parsers import BaseParser
 
 from harness import Cluster, Faults, Pause, Server, free_port, wait_for
 from naive import NaiveLock
-from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockLost,
-                               LockNotAcquired, LockUnknown, RetryPolicy)
+from redis_lock_client import (Lock, LockArgumentError, LockConnectionError, LockError, LockLost,
+                               LockNotAcquired, LockPolicyError, LockUnknown, RetryPolicy)
+from redis_lock_client import Redlock
 from redis_lock_client._lock import is_retriable
 
 FAST_RETRY = RetryPolicy(attempts=4, base=0.001, cap=0.01)
@@ -532,6 +534,110 @@ class Guard(OneServer):
         self.assertIn("invalid ttl-ms", str(refused.exception))
 
 
+class Policies(OneServer):
+    """A server's lock namespaces (``lock.namespaces``): a refusal is ``LockPolicyError``, on
+    the first reply; SYNC and FSYNC reach the server."""
+
+    def tearDown(self) -> None:
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
+
+    def test_a_refusal_is_its_own_error_raised_at_once(self) -> None:
+        key = fresh_key()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce max-ttl=30000 label=required")
+        client = Faults(self.r)
+        with self.assertRaises(LockPolicyError) as refused:
+            Lock(client, key, 600000, label="host-7").acquire()
+        self.assertIsInstance(refused.exception, LockError)
+        self.assertEqual(refused.exception.namespace, "orders")
+        self.assertEqual(refused.exception.detail, "ttl 600000 above the namespace's max-ttl 30000")
+        self.assertIsInstance(refused.exception.__cause__, rx.ResponseError)
+        with self.assertRaises(LockPolicyError) as refused:
+            Lock(client, key, 10000).acquire()
+        self.assertEqual(refused.exception.detail, "a LABEL is required")
+        self.assertEqual(client.count("LOCK.ACQUIRE"), 2, "one try each")
+        self.assertEqual(self.server.state(key), "none", "nothing changed")
+
+    def test_a_refused_renewal_counts_as_lost(self) -> None:
+        key = fresh_key()
+        lost = []
+        lock = Lock(self.r, key, 10000, on_lost=lost.append)
+        lock.acquire()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce min-ttl=20000")
+        with self.assertRaises(LockPolicyError) as refused:
+            lock.renew()
+        self.assertEqual(refused.exception.detail, "ttl 10000 below the namespace's min-ttl 20000")
+        self.assertTrue(lock.lost)
+        self.assertEqual(lost, [lock], "reported once")
+        with self.assertRaises(LockLost):
+            lock.check()
+        self.assertTrue(lock.release(), "the grant was still there: released")
+
+    def test_sync_and_fsync_reach_the_server(self) -> None:
+        key = fresh_key()
+        lock = Lock(self.r, key, 10000, sync=(0, 100))  # SYNC 0 answers at once
+        lock.acquire()
+        lock.renew()
+        self.assertTrue(lock.release())
+        # The test server runs without an AOF.
+        with self.assertRaises(rx.ResponseError) as refused:
+            Lock(self.r, key, 10000, fsync_ms=100).acquire()
+        self.assertIn("FSYNC needs appendonly yes", str(refused.exception))
+        client = Scripted(42, 1)
+        lock = Lock(client, "k", 1000, sync=(1, 100), fsync_ms=50, label="x")
+        lock.acquire()
+        lock.renew()
+        self.assertEqual(client.calls[0][3:], (1000, "LABEL", "x", "SYNC", 1, 100, "FSYNC", 50))
+        self.assertEqual(client.calls[1][3:], (1000, "SYNC", 1, 100, "FSYNC", 50))
+
+    def test_a_renewal_renewed_but_unconfirmed_keeps_the_lock_on_its_old_lease(self) -> None:
+        # NOREPLICAS (SYNC) and the FSYNC change error on LOCK.RENEW: the server renewed the
+        # lease and could not confirm it. renew() raises the server's error; the lock is not
+        # lost, and the local lease is not extended.
+        for text in ("NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms:"
+                     " a failover may lose it",
+                     "ERR the change was not fsynced to the AOF within 100 ms: a crash of this"
+                     " machine may lose it"):
+            with self.subTest(text=text):
+                lost = []
+                client = Scripted(42, BaseParser.parse_error(text), 1)
+                lock = Lock(client, "k", 10000, sync=(1, 100), on_lost=lost.append)
+                lock.acquire()
+                lease_end = lock._lease_end
+                with self.assertRaises(rx.ResponseError) as raised:
+                    lock.renew()
+                self.assertNotIsInstance(raised.exception, LockError)
+                self.assertIn("the change was not", str(raised.exception))
+                self.assertFalse(lock.lost)
+                self.assertEqual(lock._lease_end, lease_end, "the old lease only")
+                self.assertEqual(lost, [])
+                self.assertTrue(lock.release())
+
+    def test_a_long_wait_grant_whose_anchoring_renewal_fails_is_given_back(self) -> None:
+        # A grant that took longer than ttl/10 is anchored by a LOCK.RENEW. Refused by policy:
+        # released, LockPolicyError. Renewed unconfirmed or failed otherwise: released,
+        # LockUnknown. Answered 0: nothing to give back, LockNotAcquired. (As the Rust helper.)
+        policy = BaseParser.parse_error("POLICY orders: ttl 100 below the namespace's min-ttl 500")
+        unconfirmed = BaseParser.parse_error(
+            "NOREPLICAS the change was not acknowledged by 1 replica(s) within 100 ms: a failover"
+            " may lose it")
+        wrongtype = BaseParser.parse_error("WRONGTYPE Operation against a key holding the wrong"
+                                           " kind of value")
+        for renewal, raised, released in ((policy, LockPolicyError, True),
+                                          (unconfirmed, LockUnknown, True),
+                                          (wrongtype, LockUnknown, True),
+                                          (0, LockNotAcquired, False)):
+            with self.subTest(renewal=renewal):
+                client = Slow(0.03, 42, renewal, 1)
+                with self.assertRaises(LockError) as error:
+                    Lock(client, "k", 100, wait_ms=5000).acquire()
+                self.assertIs(type(error.exception), raised)
+                names = [call[0] for call in client.calls]
+                expected = ["LOCK.ACQUIRE", "LOCK.RENEW"] + (["LOCK.RELEASE"] if released else [])
+                self.assertEqual(names, expected)
+
+
 class Scripted:
     """A fake client answering from a script: an exception to raise, or a reply."""
 
@@ -556,6 +662,7 @@ class Retries(unittest.TestCase):
             self.assertTrue(is_retriable(error), error)
         for error in (rx.ResponseError("ERR invalid ttl-ms: must be positive"),
                       rx.ResponseError("WRONGTYPE Operation against a key"),
+                      rx.ResponseError("POLICY orders: a LABEL is required"),
                       rx.MovedError("3999 127.0.0.1:6381"), rx.ReadOnlyError("x"),
                       ValueError("x")):
             self.assertFalse(is_retriable(error), error)
@@ -752,6 +859,149 @@ class InCluster(unittest.TestCase):
         finally:
             waiter.join(15)
             waiter_client.close()
+
+
+class Review8Policy(OneServer):
+    """Review of the -POLICY / SYNC / FSYNC change (branch review8)."""
+
+    def tearDown(self) -> None:
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
+
+    def test_long_wait_grant_refused_at_its_first_renewal_is_given_back(self) -> None:
+        # FAILS: a grant that came after a long WAIT is anchored by a renewal; when a namespace
+        # set during the wait (a queued request is served as admitted) refuses that renewal,
+        # acquire() raises LockPolicyError ("nothing changed") and drops the token, but leaves
+        # the grant held on the server until its lease ends (Rust's start_guard releases it).
+        key = fresh_key()
+        self.r.execute_command("LOCK.ACQUIRE", key, "someone-else", 600)
+        policy = threading.Timer(0.2, lambda: self.r.execute_command(
+            "CONFIG", "SET", "lock.namespaces", f"orders prefix={key} mode=enforce min-ttl=5000"))
+        policy.start()
+        try:
+            with self.assertRaises(LockPolicyError) as refused:
+                Lock(self.r, key, 2000, wait_ms=5000).acquire()
+        finally:
+            policy.join()
+        self.assertIn("min-ttl 5000", refused.exception.detail)
+        self.assertNotEqual(self.server.state(key), "held",
+                            "the grant the helper dropped is still held on the server")
+
+    def test_acquire_retried_after_a_lost_reply_then_refused_is_unknown(self) -> None:
+        # FAILS: the first LOCK.ACQUIRE ran (granted) but its reply was lost; before the retry
+        # (same token) the policy changed (or the retry reached a node with another policy), and
+        # the retry is refused. acquire() raises LockPolicyError, whose contract is "nothing
+        # changed", without the one LOCK.RELEASE it sends after any other unanswered try: the
+        # grant stays held. The outcome is unknown (LockUnknown), not "not granted".
+        key = fresh_key()
+        admin = self.r
+
+        class LostThenPolicy:
+            def __init__(self) -> None:
+                self.calls = []
+
+            def execute_command(self, *args):
+                self.calls.append(args)
+                if args[0] == "LOCK.ACQUIRE" and len(self.calls) == 1:
+                    admin.execute_command(*args)  # runs: granted
+                    admin.execute_command("CONFIG", "SET", "lock.namespaces",
+                                          f"orders prefix={key} mode=enforce max-ttl=5000")
+                    raise rx.ConnectionError("Connection reset by peer (dropped by the test)")
+                return admin.execute_command(*args)
+
+        client = LostThenPolicy()
+        try:
+            Lock(client, key, 10000, retry=FAST_RETRY).acquire()
+            raised = None
+        except LockError as error:
+            raised = error
+        state = self.server.state(key)
+        self.assertIsInstance(raised, LockUnknown, f"raised {raised!r}, server state {state}")
+        self.assertNotEqual(state, "held", "the maybe-grant was given back")
+
+    def test_redlock_does_not_retry_a_policy_refusal(self) -> None:
+        # FAILS: Redlock counts a -POLICY reply as "not granting" and retries the whole round
+        # `retries` times (with its delay), then raises LockNotAcquired ("held by another
+        # token"): the refusal is retried and reported as the wrong error; Lock raises
+        # LockPolicyError after one try.
+        key = fresh_key()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce max-ttl=5000")
+        client = Faults(self.r)
+        redlock = Redlock([client], key, 10000, server_timeout_ms=500, retries=2,
+                          retry_delay_ms=10)
+        try:
+            redlock.acquire()
+            raised = None
+        except LockError as error:
+            raised = error
+        rounds = client.count("LOCK.ACQUIRE")
+        self.assertIsInstance(raised, LockPolicyError, f"raised {raised!r} after {rounds} rounds")
+        self.assertEqual(rounds, 1, "one round")
+
+    def test_nonsense_sync_and_fsync_settings_are_refused_before_sending(self) -> None:
+        # FAILS: the Lock(...) row of the README says settings that make no sense raise
+        # LockArgumentError there, before any command; sync/fsync_ms are not checked at all, so
+        # sync=(1,) goes out as a malformed "SYNC 1" and fsync_ms=0 as "FSYNC 0" (refused by the
+        # server as a ResponseError only when acquire() runs).
+        for settings in ({"sync": (1,)}, {"sync": (1, 0)}, {"sync": (-1, 100)},
+                         {"fsync_ms": 0}, {"fsync_ms": -5}, {"fsync_ms": "100"}):
+            with self.subTest(settings=settings):
+                client = Scripted(1)
+                with self.assertRaises(LockArgumentError):
+                    Lock(client, "k", 1000, **settings).acquire()
+                self.assertEqual(client.calls, [])
+
+    def test_renew_after_the_watchdogs_refusal_is_lock_lost(self) -> None:
+        # FAILS: the watchdog's refused renewal leaves its LockPolicyError in _refused, and the
+        # next renew() raises it although that call sent nothing (the lock was already lost) and
+        # nothing refused it; only the call after that raises LockLost. Rust's renew() answers
+        # Error::Lost here; Node.js throws the stale LockPolicyError on every later call. The
+        # same sequence gets three different answers.
+        key = fresh_key()
+        lost = []
+        client = Faults(self.r)
+        lock = Lock(client, key, 1500, watchdog=True, on_lost=lost.append)
+        lock.acquire()
+        self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                               f"orders prefix={key} mode=enforce min-ttl=5000")
+        wait_for("the loss reported", lambda: lost or None)
+        renewals = client.count("LOCK.RENEW")
+        with self.assertRaises(LockError) as raised:
+            lock.renew()
+        self.assertEqual(client.count("LOCK.RENEW"), renewals, "renew() sent nothing")
+        self.assertIsInstance(raised.exception, LockLost, repr(raised.exception))
+        self.assertTrue(lock.release())
+
+    def test_watchdog_and_renew_refused_together_report_the_loss_once(self) -> None:
+        # PASSES (pins: on_lost exactly once when an explicit renew() and the watchdog are both
+        # refused by -POLICY, in either order). The renew_first=False order asserts only the
+        # count: what that renew() raises is test_renew_after_the_watchdogs_refusal_is_lock_lost.
+        for renew_first in (True, False):
+            with self.subTest(renew_first=renew_first):
+                key = fresh_key()
+                lost = []
+                lock = Lock(self.r, key, 1500, watchdog=True, on_lost=lost.append)
+                pause = Pause()
+                lock._watchdog_paused = pause
+                lock.acquire()
+                self.assertTrue(pause.reached.wait(5))
+                self.r.execute_command("CONFIG", "SET", "lock.namespaces",
+                                       f"orders prefix={key} mode=enforce min-ttl=5000")
+                if renew_first:
+                    with self.assertRaises(LockPolicyError):
+                        lock.renew()
+                    pause.go()
+                else:
+                    pause.go()
+                    wait_for("the loss reported", lambda: lost or None)
+                    with self.assertRaises(LockError):
+                        lock.renew()
+                thread = lock._thread
+                if thread is not None:
+                    thread.join(5)
+                self.assertEqual(lost, [lock])
+                self.assertTrue(lock.release())
+                self.r.execute_command("CONFIG", "SET", "lock.namespaces", "")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import uuid
 import redis
 
 from harness import Server
-from redis_lock_client import LockError, LockNotAcquired, Redlock, RedlockNoFence
+from redis_lock_client import LockError, LockNotAcquired, LockPolicyError, Redlock, RedlockNoFence
 
 
 def fresh_key() -> str:
@@ -88,6 +88,24 @@ class FiveServers(unittest.TestCase):
             self.redlock(key).acquire()
         # The minority's grants were given back.
         self.assertEqual(self.states(key)[3:], ["free", "free"])
+
+    def test_a_policy_refusal_by_one_server_stops_and_gives_the_grants_back(self) -> None:
+        """README: LockPolicyError at once when any server's lock namespaces refuse, after the
+        round's grants are released; no more rounds, even with a majority granted."""
+        key = fresh_key()
+        self.clients[1].execute_command("CONFIG", "SET", "lock.namespaces",
+                                        f"orders prefix={key} mode=enforce max-ttl=1000")
+        lock = Redlock(self.clients, key, 2000, server_timeout_ms=500, retries=2,
+                       retry_delay_ms=20)
+        self.addCleanup(lock.close)
+        with self.assertRaises(LockPolicyError) as refused:
+            lock.acquire()
+        self.assertEqual(refused.exception.namespace, "orders")
+        self.assertEqual(refused.exception.detail, "ttl 2000 above the namespace's max-ttl 1000")
+        self.assertEqual([s.calls("lock.acquire") for s in self.servers], [1] * 5)
+        self.assertEqual(self.states(key), ["free", "none", "free", "free", "free"])
+        self.assertFalse(lock.held)
+        self.assertEqual(lock.fences, {})
 
     def test_no_majority_raises_lock_not_acquired_after_one_plus_retries_rounds(self) -> None:
         """README: 1 + retries rounds, a pause of 0 to retry_delay_ms between them, then

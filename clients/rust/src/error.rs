@@ -15,6 +15,10 @@ pub enum LostReason {
     /// A renewal succeeded on the server, but its reply arrived after the local lease end: the
     /// lock may have been free for a while, so it is not trusted any more.
     LateReply,
+    /// The server refused a renewal with `-POLICY` (a lock namespace's rule, e.g. a
+    /// `min-ttl` set after the grant): the lease cannot be kept as asked, since every renewal
+    /// would break the same rule. The grant lasts until its current lease ends, unrenewed.
+    Refused,
 }
 
 impl fmt::Display for LostReason {
@@ -23,6 +27,7 @@ impl fmt::Display for LostReason {
             LostReason::NotHeld => "the server says the token no longer holds the lock",
             LostReason::LeaseExpired => "the lease ran out before it could be renewed",
             LostReason::LateReply => "a renewal was confirmed only after the lease had run out",
+            LostReason::Refused => "the server's lock namespace policy refused the renewal",
         })
     }
 }
@@ -103,7 +108,9 @@ pub enum Error {
     ///
     /// [`LockGuard::lost_reason`]: crate::LockGuard::lost_reason
     Lost,
-    /// Acquiring gave up after the retry policy (attempts or deadline) was used up. A grant may
+    /// Acquiring gave up after the retry policy (attempts or deadline) was used up, or a retry
+    /// after a lost reply was refused with `-POLICY` (the policy changed, or the retry reached
+    /// another node: the refusal says nothing about the earlier try). A grant may
     /// or may not exist on the server (a command can run even when its reply is lost): when an
     /// attempt failed with an I/O error after its request was sent, `acquire` sent one
     /// `LOCK.RELEASE` with the token before returning this (best effort: if that failed too,
@@ -122,9 +129,28 @@ pub enum Error {
         /// How many times `EXEC` was tried.
         attempts: u32,
     },
+    /// The server's lock namespaces refused the request with `-POLICY <namespace>: <detail>`
+    /// (the key's namespace is in `enforce` mode in the server's `lock.namespaces`): nothing
+    /// was changed. Returned on the first reply, never retried, since the same request breaks
+    /// the same rule; but a retry refused so after a lost reply is [`Error::Unknown`] (the
+    /// lost try may have been granted). A renewal refused so also marks the guard lost
+    /// ([`LostReason::Refused`]).
+    Policy {
+        /// The namespace whose rule the request broke, e.g. `orders`.
+        namespace: String,
+        /// The rule broken, in the server's words, e.g. `ttl 600000 above the namespace's
+        /// max-ttl 30000` or `a LABEL is required`.
+        detail: String,
+    },
     /// Any other error from the server or the connection (not retried, or retries used up
     /// outside acquire).
     Redis(redis::RedisError),
+}
+
+/// True for a `-POLICY <text>` reply (a lock namespace refused the request). A bare `-POLICY`,
+/// which the module never sends, is an ordinary server error, as the other helpers read it.
+pub(crate) fn is_policy(e: &redis::RedisError) -> bool {
+    e.code() == Some("POLICY") && e.detail().is_some_and(|detail| !detail.is_empty())
 }
 
 impl fmt::Display for Error {
@@ -143,6 +169,12 @@ impl fmt::Display for Error {
                 f,
                 "fenced transaction aborted {attempts} times by concurrent changes"
             ),
+            Error::Policy { namespace, detail } => {
+                write!(
+                    f,
+                    "refused by the policy of lock namespace {namespace}: {detail}"
+                )
+            }
             Error::Redis(e) => write!(f, "redis error: {e}"),
         }
     }
@@ -158,7 +190,19 @@ impl std::error::Error for Error {
 }
 
 impl From<redis::RedisError> for Error {
+    /// [`Error::Policy`] for a `-POLICY` reply, [`Error::Redis`] for any other.
     fn from(e: redis::RedisError) -> Self {
+        if is_policy(&e) {
+            let (namespace, detail) = e
+                .detail()
+                .unwrap_or_default()
+                .split_once(": ")
+                .unwrap_or((e.detail().unwrap_or_default(), ""));
+            return Error::Policy {
+                namespace: namespace.to_string(),
+                detail: detail.to_string(),
+            };
+        }
         Error::Redis(e)
     }
 }

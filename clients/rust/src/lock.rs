@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, FromRedisValue, RedisError, RedisResult};
 
 use crate::connector::{BoxedConnection, Connector};
-use crate::error::{Error, Invalid, LostReason};
+use crate::error::{is_policy, Error, Invalid, LostReason};
 use crate::retry::{classify, Retry, RetryPolicy};
 
 type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
@@ -40,6 +40,26 @@ pub struct Lock {
     on_lost: Option<LostCallback>,
     renewal_hook: Option<RenewalHook>,
     label: Option<String>,
+    durability: Durability,
+}
+
+/// `SYNC numreplicas timeout-ms` and `FSYNC timeout-ms`, sent with every `LOCK.ACQUIRE` and
+/// `LOCK.RENEW` of a lock when set.
+#[derive(Clone, Copy, Debug, Default)]
+struct Durability {
+    sync: Option<(u32, Duration)>,
+    fsync: Option<Duration>,
+}
+
+impl Durability {
+    fn add_to(&self, cmd: &mut redis::Cmd) {
+        if let Some((replicas, timeout)) = self.sync {
+            cmd.arg("SYNC").arg(replicas).arg(millis(timeout));
+        }
+        if let Some(timeout) = self.fsync {
+            cmd.arg("FSYNC").arg(millis(timeout));
+        }
+    }
 }
 
 /// The longest lease any server accepts (the highest `lock.max-ttl`: one year), in ms.
@@ -63,6 +83,7 @@ impl std::fmt::Debug for Lock {
             .field("retry", &self.retry)
             .field("io_timeout", &self.io_timeout)
             .field("label", &self.label)
+            .field("durability", &self.durability)
             .finish_non_exhaustive()
     }
 }
@@ -87,7 +108,29 @@ impl Lock {
             on_lost: None,
             renewal_hook: None,
             label: None,
+            durability: Durability::default(),
         }
+    }
+
+    /// `SYNC numreplicas timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's
+    /// and [`relabel`](LockGuard::relabel)'s too): the reply comes once that many replicas
+    /// acknowledged the change. A grant they do not acknowledge in time is undone by the
+    /// server, and acquire returns the server's `NOREPLICAS ...` error ([`Error::Redis`]); a
+    /// renewal stays, with the same error. The timeout is sent in whole ms, rounded up; give
+    /// [`io_timeout`](Lock::io_timeout) more.
+    pub fn sync(mut self, replicas: u32, timeout: Duration) -> Lock {
+        self.durability.sync = Some((replicas, timeout));
+        self
+    }
+
+    /// `FSYNC timeout-ms` on every `LOCK.ACQUIRE` and `LOCK.RENEW` (the watchdog's and
+    /// [`relabel`](LockGuard::relabel)'s too): the reply comes once the change is fsynced to
+    /// the server's AOF. A server without `appendonly yes` answers `ERR FSYNC needs appendonly
+    /// yes` ([`Error::Redis`]). The timeout is sent in whole ms, rounded up; give
+    /// [`io_timeout`](Lock::io_timeout) more.
+    pub fn fsync(mut self, timeout: Duration) -> Lock {
+        self.durability.fsync = Some(timeout);
+        self
     }
 
     /// A public label for the grant (`LABEL text`), such as `host-7:pid-42`: operators see it
@@ -221,8 +264,11 @@ impl Lock {
     /// token holds it (or the wait budget ran out), [`Error::Connection`] at once when no
     /// connection could be opened before any request was sent (nothing granted),
     /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
-    /// deadline) were used up without learning the outcome (then one `LOCK.RELEASE` with the
-    /// token gives back what may have been granted, best effort).
+    /// deadline) were used up without learning the outcome, or a retry after such a lost reply
+    /// was refused with `-POLICY` (then one `LOCK.RELEASE` with the token gives back what may
+    /// have been granted, best effort). [`Error::Policy`] when the server's lock namespaces
+    /// refused the request (nothing changed), also when they refused the renewal that anchors a
+    /// grant after a wait longer than a tenth of the lease (the grant was released first).
     ///
     /// Retries send the same token, so a grant whose reply was lost is returned (same fence)
     /// by the next attempt. With a limited wait, a retry waits only for what is left of the
@@ -286,6 +332,7 @@ impl Lock {
                 if let Some(label) = &self.label {
                     cmd.arg("LABEL").arg(label);
                 }
+                self.durability.add_to(&mut cmd);
                 cmd.query::<Option<i64>>(c.as_mut())
                     .map(|reply| (reply, sent_at))
                     .map_err(Failure::Call)
@@ -303,7 +350,15 @@ impl Lock {
                     let sent = matches!(failure, Failure::Call(_));
                     let e = failure.into_error();
                     match classify(&e) {
-                        Retry::No => return Err(Error::Redis(e)),
+                        // A try whose reply was lost may have been granted (the policy changed
+                        // since, or this retry reached another node): a refusal now says
+                        // nothing about that try, so the outcome is unknown.
+                        Retry::No if maybe_granted && is_policy(&e) => {
+                            self.forget(&token, conn.take().map(|(c, _)| c));
+                            return Err(Error::Unknown(e));
+                        }
+                        // A -POLICY reply comes back as Error::Policy.
+                        Retry::No => return Err(Error::from(e)),
                         Retry::Resend => {}
                         Retry::Reconnect => {
                             conn = None;
@@ -372,6 +427,7 @@ impl Lock {
             wake: Condvar::new(),
             on_lost: self.on_lost.clone(),
             renewal_hook: self.renewal_hook.clone(),
+            durability: self.durability,
         });
         shared.set_lease_end(lease_end);
         let mut guard = LockGuard {
@@ -397,6 +453,10 @@ impl Lock {
                 Renewal::Failed(e) => {
                     let _ = guard.release_inner(false);
                     return Err(Error::Unknown(e));
+                }
+                Renewal::Refused(e) => {
+                    let _ = guard.release_inner(false);
+                    return Err(Error::from(e));
                 }
             }
         }
@@ -438,6 +498,7 @@ struct Shared {
     wake: Condvar,
     on_lost: Option<LostCallback>,
     renewal_hook: Option<RenewalHook>,
+    durability: Durability,
 }
 
 struct RenewState {
@@ -448,6 +509,8 @@ enum Renewal {
     Renewed(Instant),
     Lost(LostReason),
     Failed(RedisError),
+    /// `-POLICY`: the server will refuse every renewal alike.
+    Refused(RedisError),
 }
 
 fn lock_ignoring_poison<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -474,6 +537,7 @@ impl Shared {
             1 => Some(LostReason::NotHeld),
             2 => Some(LostReason::LeaseExpired),
             3 => Some(LostReason::LateReply),
+            4 => Some(LostReason::Refused),
             _ => None,
         }
     }
@@ -484,6 +548,7 @@ impl Shared {
             LostReason::NotHeld => 1,
             LostReason::LeaseExpired => 2,
             LostReason::LateReply => 3,
+            LostReason::Refused => 4,
         };
         if self.lost.swap(true, Ordering::SeqCst) {
             return false;
@@ -539,12 +604,10 @@ impl Shared {
             }
             let sent = with_conn(conn, &*self.connector, self.io_timeout, read_timeout, |c| {
                 let sent_at = Instant::now();
-                redis::cmd("LOCK.RENEW")
-                    .arg(&self.key)
-                    .arg(&self.token)
-                    .arg(millis(self.ttl))
-                    .query::<i64>(c)
-                    .map(|reply| (reply, sent_at))
+                let mut cmd = redis::cmd("LOCK.RENEW");
+                cmd.arg(&self.key).arg(&self.token).arg(millis(self.ttl));
+                self.durability.add_to(&mut cmd);
+                cmd.query::<i64>(c).map(|reply| (reply, sent_at))
             });
             match sent {
                 Ok((1, sent_at)) => {
@@ -556,6 +619,9 @@ impl Shared {
                 }
                 Ok(_) => return Renewal::Lost(LostReason::NotHeld),
                 Err(e) => {
+                    if is_policy(&e) {
+                        return Renewal::Refused(e);
+                    }
                     match classify(&e) {
                         Retry::No => return Renewal::Failed(e),
                         Retry::Resend => {}
@@ -678,6 +744,11 @@ fn watchdog(shared: Arc<Shared>) {
                 shared.lose(reason);
                 return;
             }
+            Renewal::Refused(_) => {
+                // Every renewal would be refused alike: the lease cannot be kept as asked.
+                shared.lose(LostReason::Refused);
+                return;
+            }
             Renewal::Failed(_) => {
                 // Try again soon, while the lease lasts; the next round marks it lost if not.
                 let left = shared.lease_end().saturating_duration_since(Instant::now());
@@ -755,7 +826,9 @@ impl LockGuard {
 
     /// Renews the lease now (`LOCK.RENEW`: the lease ends ttl from now), for use without the
     /// watchdog. `Err(Error::Lost)` when the server says the token no longer holds the lock, or
-    /// the local lease end passed before a renewal got through.
+    /// the local lease end passed before a renewal got through; [`Error::Policy`] when the
+    /// server's lock namespace refused it (the guard then counts as lost,
+    /// [`LostReason::Refused`], as the watchdog counts it).
     pub fn renew(&self) -> Result<(), Error> {
         let state = lock_ignoring_poison(&self.shared.state);
         if state.stopping {
@@ -774,6 +847,10 @@ impl LockGuard {
                 Err(Error::Lost)
             }
             Renewal::Failed(e) => Err(Error::Redis(e)),
+            Renewal::Refused(e) => {
+                self.shared.lose(LostReason::Refused);
+                Err(Error::from(e))
+            }
         }
     }
 
@@ -809,14 +886,14 @@ impl LockGuard {
         let shared = &self.shared;
         let outcome = self.on_conn(|c| {
             let sent_at = Instant::now();
-            redis::cmd("LOCK.ACQUIRE")
-                .arg(&shared.key)
+            let mut cmd = redis::cmd("LOCK.ACQUIRE");
+            cmd.arg(&shared.key)
                 .arg(&shared.token)
                 .arg(millis(shared.ttl))
                 .arg("LABEL")
-                .arg(label)
-                .query::<Option<i64>>(c)
-                .map(|reply| (reply, sent_at))
+                .arg(label);
+            shared.durability.add_to(&mut cmd);
+            cmd.query::<Option<i64>>(c).map(|reply| (reply, sent_at))
         });
         drop(state);
         match outcome {
@@ -828,7 +905,8 @@ impl LockGuard {
                 shared.lose(LostReason::NotHeld);
                 Err(Error::Lost)
             }
-            Err(e) => Err(Error::Redis(e)),
+            // A -POLICY reply comes back as Error::Policy; the grant is unchanged.
+            Err(e) => Err(Error::from(e)),
         }
     }
 

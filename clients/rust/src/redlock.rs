@@ -18,9 +18,10 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use redis::RedisError;
 
 use crate::connector::Connector;
-use crate::error::Error;
+use crate::error::{is_policy, Error};
 
 /// The drift allowance: validity = ttl - elapsed - (ttl * DRIFT_FACTOR + 2 ms). It covers the
 /// servers' clocks running at slightly different rates over one lease (1%), plus rounding.
@@ -98,6 +99,15 @@ impl Redlock {
     /// Sends a command to every server at once; the integer replies that came in time, by
     /// server index (errors, nil and silence are left out).
     fn round(&self, build: impl Fn() -> redis::Cmd) -> Vec<(usize, i64)> {
+        self.round_refused(build).0
+    }
+
+    /// [`round`](Redlock::round), and the `-POLICY` refusal of the first server (by index)
+    /// that answered in time with one.
+    fn round_refused(
+        &self,
+        build: impl Fn() -> redis::Cmd,
+    ) -> (Vec<(usize, i64)>, Option<RedisError>) {
         let (tx, rx) = mpsc::channel();
         for (i, server) in self.servers.iter().enumerate() {
             let (tx, server, cmd, timeout) =
@@ -106,22 +116,24 @@ impl Redlock {
                 let reply = server
                     .connect(timeout, Some(timeout))
                     .and_then(|mut conn| cmd.query::<Option<i64>>(conn.as_mut()));
-                if let Ok(Some(value)) = reply {
-                    let _ = tx.send((i, value));
-                }
+                let _ = tx.send((i, reply));
             });
         }
         drop(tx);
         let deadline = Instant::now() + self.server_timeout;
         let mut replies = Vec::new();
+        let mut refusals = Vec::new();
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match rx.recv_timeout(left) {
-                Ok(reply) => replies.push(reply),
+                Ok((i, Ok(Some(value)))) => replies.push((i, value)),
+                Ok((i, Err(e))) if is_policy(&e) => refusals.push((i, e)),
+                Ok(_) => {}
                 Err(_) => break,
             }
         }
         replies.sort_unstable();
-        replies
+        let refused = refusals.into_iter().min_by_key(|(i, _)| *i).map(|(_, e)| e);
+        (replies, refused)
     }
 
     fn validity_left(&self, elapsed: Duration) -> Option<Duration> {
@@ -130,7 +142,9 @@ impl Redlock {
     }
 
     /// Takes the lock on a majority. [`Error::NotAcquired`] after `1 + retries` failed rounds
-    /// (every grant of a failed round is released, on every server, with the token).
+    /// (every grant of a failed round is released, on every server, with the token);
+    /// [`Error::Policy`] at once, after that round's grants are released, when any server's
+    /// lock namespaces refused the request (another round would break the same rule).
     pub fn acquire(self) -> Result<RedlockGuard, Error> {
         let ttl_ms = self.ttl.as_millis().max(1) as u64;
         for attempt in 0..=self.retries {
@@ -138,11 +152,21 @@ impl Redlock {
                 .map(|_| char::from(b"0123456789abcdef"[rand::rng().random_range(0..16)]))
                 .collect();
             let started = Instant::now();
-            let grants = self.round(|| {
+            let (grants, refused) = self.round_refused(|| {
                 let mut cmd = redis::cmd("LOCK.ACQUIRE");
                 cmd.arg(&self.key).arg(&token).arg(ttl_ms);
                 cmd
             });
+            if let Some(e) = refused {
+                // The request breaks a server's lock namespace: give back what the others
+                // granted, and stop.
+                self.round(|| {
+                    let mut cmd = redis::cmd("LOCK.RELEASE");
+                    cmd.arg(&self.key).arg(&token);
+                    cmd
+                });
+                return Err(Error::from(e));
+            }
             let validity = self.validity_left(started.elapsed());
             if grants.len() >= self.quorum() {
                 if let Some(validity) = validity {

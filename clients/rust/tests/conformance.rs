@@ -33,6 +33,7 @@ const CASE_FIELDS: &[&str] = &[
     "name",
     "lock",
     "server",
+    "namespaces",
     "setup",
     "faults",
     "steps",
@@ -51,6 +52,8 @@ const EXPECT_FIELDS: &[&str] = &[
     "acquire",
     "reason",
     "message",
+    "namespace",
+    "detail",
     "within_ms",
     "on_lost_calls",
     "sent",
@@ -165,6 +168,8 @@ fn outcome(result: &Result<LockGuard, Error>) -> (&'static str, String) {
         Err(Error::Unknown(e)) => ("unknown", e.to_string()),
         // The redis crate words a known error code its own way ("Moved: ..."): add the code.
         Err(Error::Redis(e)) => ("server-error", format!("{} {e}", e.code().unwrap_or(""))),
+        // The namespace, a tab, the rule.
+        Err(Error::Policy { namespace, detail }) => ("policy", format!("{namespace}\t{detail}")),
         Err(other) => ("other", other.to_string()),
     }
 }
@@ -183,8 +188,32 @@ impl Runner {
         })
     }
 
-    /// Runs one case; Err says what differs from the table.
+    /// Runs one case, with its `namespaces` policy in force if it has one; Err says what
+    /// differs from the table.
     fn run(&mut self, case: &Value, serial: usize) -> Result<(), String> {
+        let Some(policy) = case.get("namespaces") else {
+            return self.run_case(case, serial);
+        };
+        let name = case["name"].as_str().expect("name");
+        let policy = policy
+            .as_str()
+            .expect("namespaces")
+            .replace("$KEY", &format!("conformance:{name}:{serial}"));
+        let set = |runner: &mut Runner, text: &str| {
+            let words = ["CONFIG", "SET", "lock.namespaces", text].map(String::from);
+            match runner.admin.call(&words) {
+                Reply::Error(e) => Err(format!("CONFIG SET lock.namespaces {text:?}: {e}")),
+                _ => Ok(()),
+            }
+        };
+        set(self, &policy)?;
+        let outcome = self.run_case(case, serial);
+        // The server is shared by every case: its policy is cleared whatever the case did.
+        let cleared = set(self, "");
+        outcome.and(cleared)
+    }
+
+    fn run_case(&mut self, case: &Value, serial: usize) -> Result<(), String> {
         let name = case["name"].as_str().expect("name");
         let settings = object(&case["lock"]);
         let int = |field: &str| settings.get(field).map(|v| v.as_i64().expect("an integer"));
@@ -206,10 +235,7 @@ impl Runner {
         }
         let key = format!("conformance:{name}:{serial}");
         let with_key = |words: Vec<String>| -> Vec<String> {
-            words
-                .into_iter()
-                .map(|w| if w == "$KEY" { key.clone() } else { w })
-                .collect()
+            words.into_iter().map(|w| w.replace("$KEY", &key)).collect()
         };
         for command in list(case, "setup") {
             let reply = self.admin.call(&with_key(strings(command)));
@@ -299,6 +325,19 @@ impl Runner {
             let message = expect["message"].as_str().expect("message");
             if !detail.contains(message) {
                 return Err(format!("server error {detail:?} lacks {message:?}"));
+            }
+        }
+        if got == "policy" {
+            let (namespace, rule) = detail.split_once('\t').expect("namespace and rule");
+            if expect["namespace"] != namespace {
+                return Err(format!(
+                    "policy of namespace {namespace:?}, table says {}",
+                    expect["namespace"]
+                ));
+            }
+            let wanted = expect.get("detail").and_then(Value::as_str).unwrap_or("");
+            if !rule.contains(wanted) {
+                return Err(format!("policy rule {rule:?} lacks {wanted:?}"));
             }
         }
         if let Some(bound) = expect.get("within_ms").and_then(Value::as_u64) {
