@@ -141,7 +141,17 @@ fn held_locks_follow_their_keys_into_a_new_policy_a_rename_and_a_deletion() {
         acquire(&mut c, key, "t", 60_000);
     }
     let held = |name: &str| namespace_info(&server, name).map(|f| f["held"]);
+    let waiting = |name: &str| namespace_info(&server, name).map(|f| f["waiters"]);
     assert_eq!((held("a"), held("default")), (Some(1), Some(3)));
+    // A waiter, and a watcher, queued on b:1 while it is in no namespace.
+    let _waiter = queue_waiter(&server, "b:1", "u", 60_000, 60_000);
+    let before = server.info_int("blocked_clients");
+    let mut watcher = server.conn();
+    watcher.send(&["LOCK.WAIT", "b:1", "60000"]);
+    wait_for("the watcher to block", || {
+        (server.info_int("blocked_clients") == before + 1).then_some(())
+    });
+    assert_eq!((waiting("a"), waiting("default")), (Some(0), Some(2)));
     assert_eq!(
         c.call(&[
             "CONFIG",
@@ -155,6 +165,8 @@ fn held_locks_follow_their_keys_into_a_new_policy_a_rename_and_a_deletion() {
         (held("b") == Some(1) && held("c") == Some(2)).then_some(())
     });
     assert_eq!((held("a"), held("default")), (None, Some(1)));
+    // The waiters moved with their key.
+    assert_eq!((waiting("b"), waiting("default")), (Some(2), Some(0)));
     // A rename takes the lock to its new key's namespace; a deletion out of its own.
     assert_eq!(c.call(&["RENAME", "a:1", "b:2"]), Reply::status("OK"));
     assert_eq!((held("b"), held("default")), (Some(2), Some(0)));

@@ -59,7 +59,10 @@ fn each_requirement_refuses_in_enforce_mode_and_changes_nothing() {
         assert_eq!(&reply, error, "{args:?}");
         // Plain ASCII: every client library decodes it alike (the Rust helper's redis crate
         // cannot parse an error line that is not UTF-8).
-        assert!(reply.error_bytes().is_some_and(<[u8]>::is_ascii), "{reply:?}");
+        assert!(
+            reply.error_bytes().is_some_and(<[u8]>::is_ascii),
+            "{reply:?}"
+        );
     }
     for key in ["orders:1", "q:1", "s:1"] {
         assert_eq!(c.call(&["EXISTS", key]), Reply::Int(0), "{key}");

@@ -14,12 +14,12 @@
 //!
 //! `H` is the blocked-client handle of the host; nothing here touches it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::LockError;
-use crate::lock::ages;
+use crate::lock::ages::{self, Space};
 use crate::lock::core;
 use crate::lock::KeyRef;
 use crate::metrics;
@@ -187,9 +187,12 @@ pub struct Queues<H> {
     /// answers them.
     woken: HashMap<u64, Ending>,
     next_id: u64,
-    /// Every queued waiter by id (the order it arrived in): when it began waiting and its
-    /// key's tag, so the oldest is the first entry.
-    ages: BTreeMap<u64, (Instant, u64)>,
+    /// Every queued waiter by id (the order it arrived in): when it began waiting, its key's
+    /// tag and its key's space (its namespace, see `ages::Space`), so the oldest is the first
+    /// entry.
+    ages: BTreeMap<u64, (Instant, u64, Space)>,
+    /// The ids of `ages` by space: the waiters of each namespace, and the oldest of them first.
+    spaces: Vec<BTreeSet<u64>>,
 }
 
 impl<H> Default for Queues<H> {
@@ -199,6 +202,7 @@ impl<H> Default for Queues<H> {
             woken: HashMap::new(),
             next_id: 1,
             ages: BTreeMap::new(),
+            spaces: Vec::new(),
         }
     }
 }
@@ -244,8 +248,28 @@ impl<H> Queues<H> {
         self.queue(db, key).map_or(0, |q| q.acquirers.len())
     }
 
-    /// Queues a blocked client; `tag` must be the tag it was blocked with.
-    pub fn enqueue(&mut self, tag: &Tag, waiter: Waiter<H>) {
+    /// Waiter `id` began waiting at `since` on a key with tag `tag` in space `space`.
+    fn age_in(&mut self, id: u64, since: Instant, tag: u64, space: Space) {
+        self.ages.insert(id, (since, tag, space));
+        let space = usize::from(space);
+        if self.spaces.len() <= space {
+            self.spaces.resize_with(space + 1, BTreeSet::new);
+        }
+        self.spaces[space].insert(id);
+    }
+
+    /// Waiter `id` waits no more.
+    fn age_out(&mut self, id: u64) {
+        if let Some((_, _, space)) = self.ages.remove(&id) {
+            if let Some(ids) = self.spaces.get_mut(usize::from(space)) {
+                ids.remove(&id);
+            }
+        }
+    }
+
+    /// Queues a blocked client whose (first) key is in space `space`; `tag` must be the tag it
+    /// was blocked with.
+    pub fn enqueue(&mut self, tag: &Tag, waiter: Waiter<H>, space: Space) {
         let (db, key) = &tag.key;
         let queue = self
             .dbs
@@ -254,7 +278,7 @@ impl<H> Queues<H> {
             .entry(key.clone())
             .or_insert_with(Queue::new);
         let id = waiter.id;
-        self.ages.insert(id, (waiter.since, ages::tag_of(key)));
+        let since = waiter.since;
         match tag.watch {
             None => {
                 queue.acquirers.insert(id, Slot::Waiter(waiter));
@@ -283,6 +307,7 @@ impl<H> Queues<H> {
                 queue.watcher_count += 1;
             }
         }
+        self.age_in(id, since, ages::tag_of(key), space);
         metrics::WAITERS.add(1);
     }
 
@@ -292,7 +317,7 @@ impl<H> Queues<H> {
         H: 'a,
     {
         for waiter in left {
-            self.ages.remove(&waiter.id);
+            self.age_out(waiter.id);
         }
     }
 
@@ -318,7 +343,7 @@ impl<H> Queues<H> {
                 Some(waiter)
             }
         })??;
-        self.ages.remove(&waiter.id);
+        self.age_out(waiter.id);
         metrics::WAITERS.add(-1);
         Some(waiter)
     }
@@ -483,14 +508,31 @@ impl<H> Queues<H> {
     /// The oldest waiter of all (acquirer or watcher): when it began waiting, and its key's tag
     /// (a multi-lock waiter's first key).
     pub fn oldest(&self) -> Option<(Instant, u64)> {
-        self.ages.first_key_value().map(|(_, age)| *age)
+        self.ages
+            .first_key_value()
+            .map(|(_, (since, tag, _))| (*since, *tag))
     }
 
-    /// Every key with waiters of its own (a multi-lock waiter counts on its first key, as in
-    /// the waiters gauge): how many, and when the one waiting longest began.
-    pub fn each_key(&self, mut found: impl FnMut(&[u8], usize, Instant)) {
+    /// The waiters in space `space` (a multi-lock waiter in its first key's), and when the
+    /// oldest of them began waiting.
+    pub fn in_space(&self, space: Space) -> (usize, Option<Instant>) {
+        let Some(ids) = self.spaces.get(usize::from(space)) else {
+            return (0, None);
+        };
+        let oldest = ids
+            .first()
+            .and_then(|id| self.ages.get(id))
+            .map(|(since, _, _)| *since);
+        (ids.len(), oldest)
+    }
+
+    /// Puts every waiter in the space `space_of` gives its (first) key now (the policy
+    /// changed). One pass over the waiters.
+    pub fn respace(&mut self, space_of: impl Fn(&[u8]) -> Space) {
+        let mut moves = Vec::new();
         for keys in self.dbs.values() {
             for (key, queue) in keys {
+                let space = space_of(key);
                 let acquirers = queue
                     .acquirers
                     .iter()
@@ -500,14 +542,13 @@ impl<H> Queues<H> {
                     .watchers
                     .values()
                     .flat_map(|group| group.keys().copied());
-                let (count, first) = acquirers
-                    .chain(watchers)
-                    .fold((0, u64::MAX), |(count, first), id| {
-                        (count + 1, first.min(id))
-                    });
-                if let Some((since, _)) = self.ages.get(&first) {
-                    found(key, count, *since);
-                }
+                moves.extend(acquirers.chain(watchers).map(|id| (id, space)));
+            }
+        }
+        for (id, space) in moves {
+            if let Some((since, tag, _)) = self.ages.get(&id).copied() {
+                self.age_out(id);
+                self.age_in(id, since, tag, space);
             }
         }
     }
@@ -673,7 +714,7 @@ mod tests {
         let mut q = Queues::default();
         let tags: Vec<Tag> = (0..5).map(|_| tag(&mut q, "k", None)).collect();
         for (n, t) in tags.iter().enumerate() {
-            q.enqueue(t, waiter(t, n as u32));
+            q.enqueue(t, waiter(t, n as u32), 0);
         }
         assert_eq!(q.acquirers_on(0, b"k"), 5);
         assert!(q.is_head(0, b"k", tags[0].id));
@@ -689,12 +730,41 @@ mod tests {
     }
 
     #[test]
+    fn each_space_counts_its_waiters_and_knows_its_oldest() {
+        let mut q = Queues::default();
+        let a1 = tag(&mut q, "a", None);
+        let b1 = tag(&mut q, "b", None);
+        let a2 = tag(&mut q, "a", Some(3));
+        q.enqueue(&a1, waiter(&a1, 1), 1);
+        q.enqueue(&b1, waiter(&b1, 2), 2);
+        q.enqueue(&a2, waiter(&a2, 3), 1);
+        let count = |q: &Queues<u32>, space| q.in_space(space).0;
+        assert_eq!(
+            (count(&q, 0), count(&q, 1), count(&q, 2), count(&q, 9)),
+            (0, 2, 1, 0)
+        );
+        let since_of = |w: &Tag| q.ages.get(&w.id).map(|age| age.0);
+        assert_eq!(q.in_space(1).1, since_of(&a1));
+        // The policy changed: key a is now in space 2, b in none (0).
+        q.respace(|key| if key == b"a" { 2 } else { 0 });
+        assert_eq!((count(&q, 0), count(&q, 1), count(&q, 2)), (1, 0, 2));
+        assert_eq!(q.in_space(2).1, q.ages.get(&a1.id).map(|age| age.0));
+        // Leaving, by any way, leaves the space.
+        assert!(q.remove(&a1).is_some());
+        assert_eq!(q.take_watchers(0, b"a", None).len(), 1);
+        assert_eq!((count(&q, 0), count(&q, 2)), (1, 0));
+        assert_eq!(q.in_space(2).1, None);
+        assert!(q.remove(&b1).is_some());
+        assert_eq!(count(&q, 0), 0);
+    }
+
+    #[test]
     fn watchers_of_the_current_grant_stay_and_others_wake() {
         let mut q = Queues::default();
         let old = tag(&mut q, "k", Some(7));
         let current = tag(&mut q, "k", Some(9));
-        q.enqueue(&old, waiter(&old, 1));
-        q.enqueue(&current, waiter(&current, 2));
+        q.enqueue(&old, waiter(&old, 1), 0);
+        q.enqueue(&current, waiter(&current, 2), 0);
         let woken: Vec<u32> = q
             .take_watchers(0, b"k", Some(9))
             .iter()
@@ -722,7 +792,7 @@ mod tests {
                 watch: None,
                 also: Vec::new(),
             };
-            q.enqueue(&t, waiter(&t, 0));
+            q.enqueue(&t, waiter(&t, 0), 0);
         }
         let mut in_one = q.keys_in(Some(1));
         in_one.sort();

@@ -182,8 +182,13 @@ fn run(ctx: &Context) {
                 let respace = policy::spaces_changed();
                 if moved {
                     expiry::rebuild(ctx);
-                } else if respace {
-                    *locked(&RESPACE) = ValueScan::new().map(|scan| (0, scan));
+                }
+                if respace {
+                    // The waiters at once (at most one per client), the held locks in slices.
+                    waiters::queues().respace(policy::space_of);
+                    if !moved {
+                        *locked(&RESPACE) = ValueScan::new().map(|scan| (0, scan));
+                    }
                 }
             }
             Job::RecordFloor => effects::record_floor(ctx),

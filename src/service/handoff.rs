@@ -75,7 +75,8 @@ fn block_queued(
             .flatten(),
         kind,
     };
-    waiters::queues().enqueue(&queued, waiter);
+    let space = policy::space_of(&queued.key.1);
+    waiters::queues().enqueue(&queued, waiter, space);
     Ok(RedisValue::NoReply)
 }
 

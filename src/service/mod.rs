@@ -110,15 +110,10 @@ impl Section for Info {
                 ("oldest_wait_tag", wait_tag),
             ],
             numbers: fields,
-            dicts: policy::namespace_fields(holds::in_space, |found| {
-                waiters::queues().each_key(|key, count, since| {
-                    let waited = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    found(key, count, waited);
-                });
-            })
-            .into_iter()
-            .map(|(name, entries)| (format!("namespace_{name}"), entries))
-            .collect(),
+            dicts: policy::namespace_fields(holds::in_space, waiters::in_space)
+                .into_iter()
+                .map(|(name, entries)| (format!("namespace_{name}"), entries))
+                .collect(),
         }
     }
 }

@@ -319,12 +319,11 @@ pub fn spaces_changed() -> bool {
 pub type NamespaceFields = (String, Vec<(String, i64)>);
 
 /// INFO: a line per namespace of the policy in force (and `default` when the policy does not
-/// name it), none without a policy. `held` and `waiters` are what the namespace holds and
-/// queues now: `held(space)` answers the held locks and the oldest hold's age of a space,
-/// `queued` each key with waiters and how many, and how long its oldest has waited.
+/// name it), none without a policy. `held(space)` and `waiting(space)` answer what a space
+/// holds and queues now: how many, and the age in ms of the oldest (0: none).
 pub fn namespace_fields(
     held: impl Fn(Space) -> (usize, u64),
-    queued: impl FnOnce(&mut dyn FnMut(&[u8], usize, u64)),
+    waiting: impl Fn(Space) -> (usize, u64),
 ) -> Vec<NamespaceFields> {
     if !ANY.load(Ordering::Relaxed) {
         return Vec::new();
@@ -344,19 +343,12 @@ pub fn namespace_fields(
                 Space::try_from(row + 1).unwrap_or(0)
             }
         };
-        let mut waiting = vec![(0usize, 0u64); names.len()];
-        queued(&mut |key, count, waited_ms| {
-            if let Some((n, oldest)) = waiting.get_mut(row_of(policy, key)) {
-                *n += count;
-                *oldest = (*oldest).max(waited_ms);
-            }
-        });
         names
             .iter()
             .enumerate()
             .map(|(row, name)| {
                 let (held_now, oldest_hold) = held(space_of_row(row));
-                let (waiters, oldest_wait) = waiting[row];
+                let (waiters, oldest_wait) = waiting(space_of_row(row));
                 let counts = counts_at(row);
                 let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut fields = vec![

@@ -24,6 +24,7 @@ use crate::host::blocking::{self, BlockedClient};
 use crate::host::server::{is_primary, key_string, now_ms, select_db, selected_db};
 use crate::host::timer::Earliest;
 use crate::host::{in_call, keys, timer};
+use crate::lock::ages::Space;
 use crate::lock::core::Lock;
 use crate::lock::queues::{Ending, Queues, Tag, Waiter};
 use crate::lock::KeyRef;
@@ -37,6 +38,16 @@ static QUEUES: LazyLock<Mutex<Queues<BlockedClient>>> =
 /// The queues, locked for one operation.
 pub fn queues() -> MutexGuard<'static, Queues<BlockedClient>> {
     locked(&QUEUES)
+}
+
+/// INFO, per namespace: the waiters in `space`, and how long the oldest has waited in ms (0
+/// when none).
+pub fn in_space(space: Space) -> (usize, u64) {
+    let (count, oldest) = queues().in_space(space);
+    let waited = oldest.map_or(0, |since| {
+        u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    });
+    (count, waited)
 }
 
 /// True when any client waits on any key (a check that needs no key).
