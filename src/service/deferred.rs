@@ -17,7 +17,7 @@ use crate::lock::sessions;
 use crate::lock::KeyRef;
 use crate::lock::{locked, UniqueFifo};
 use crate::service::value::{Stored, LOCK_TYPE};
-use crate::service::{change, effects, expiry, holds, policy, safety, waiters};
+use crate::service::{change, effects, holds, leases, policy, safety, waiters};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -31,9 +31,9 @@ pub enum Job {
     CheckConfig,
     /// A child was forked: record the fence floor, outside the command that forked.
     RecordFloor,
-    /// The policy changed: the held locks are being put in their new namespaces (see
-    /// [`RESPACE`]).
-    Respace,
+    /// The policy or `lock.long-hold` changed: every lock is being looked at again (see
+    /// [`AFRESH`]).
+    Afresh,
 }
 
 #[derive(Default)]
@@ -57,12 +57,22 @@ struct Closed {
     keys: VecDeque<KeyRef>,
 }
 
-/// Where the walk over the keyspace that puts every held lock in its namespace's space after a
-/// policy change is: the database, and the scan of it. Worked off in slices, so a change of
-/// `lock.namespaces` never stalls the server for a scan of millions of keys; meanwhile a lock
-/// not reached yet counts in its old namespace (a lock that changes counts in its new one at
-/// once). A new change starts it again.
-static RESPACE: Mutex<Option<(i32, ValueScan)>> = Mutex::new(None);
+/// The walk over the keyspace after a change of `lock.namespaces` or `lock.long-hold`: each
+/// lock is put in its namespace's space (see `holds::respace`) and, after a new threshold, its
+/// lease index entry is made no later than its new crossing (see `leases::follow`; an entry
+/// that comes due early only has the lock looked at). Worked off in slices, so neither change
+/// stalls the server for a scan of millions of keys: meanwhile a lock not reached yet counts in
+/// its old namespace, and a hold that became long by the new threshold is seen when the walk
+/// reaches it (a lock that changes is looked at at once). A new change starts it again.
+static AFRESH: Mutex<Option<Walk>> = Mutex::new(None);
+
+/// Where [`AFRESH`] is: the database and the scan of it, and whether the lease index is
+/// followed too.
+struct Walk {
+    db: i32,
+    scan: ValueScan,
+    reindex: bool,
+}
 
 fn pending() -> MutexGuard<'static, Pending> {
     locked(&PENDING)
@@ -125,21 +135,25 @@ fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     }
 }
 
-/// Goes on with the walk of [`RESPACE`] for what is left of the slice begun at `started`.
-fn respace(ctx: &Context, started: Instant) {
-    let mut state = locked(&RESPACE);
-    while let Some((db, scan)) = state.as_mut() {
-        if !select_db(ctx, *db) {
+/// Goes on with the walk of [`AFRESH`] for what is left of the slice begun at `started`.
+fn afresh(ctx: &Context, started: Instant) {
+    let mut state = locked(&AFRESH);
+    while let Some(walk) = state.as_mut() {
+        if !select_db(ctx, walk.db) {
             // Past the last database: done.
             *state = None;
             return;
         }
-        let more = scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
-            holds::respace(stored, key)
+        let reindex = walk.reindex;
+        let more = walk.scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
+            holds::respace(stored, key);
+            if reindex {
+                leases::follow(ctx, stored, key);
+            }
         });
         if !more {
-            *db += 1;
-            scan.restart();
+            walk.db += 1;
+            walk.scan.restart();
         }
         if started.elapsed() >= SLICE {
             return;
@@ -176,19 +190,21 @@ fn run(ctx: &Context) {
             }
             Job::CheckConfig => {
                 safety::check(ctx);
-                // A new lock.long-hold moves every held lock's crossing: index them afresh
-                // (which finds their namespaces too). A new policy moves only their namespaces.
+                // A new lock.long-hold moves every held lock's crossing, a new policy their
+                // namespaces (and the waiters', moved at once: at most one per connection).
                 let moved = holds::threshold_changed();
                 let respace = policy::spaces_changed();
-                if moved {
-                    expiry::rebuild(ctx);
-                }
                 if respace {
-                    // The waiters at once (at most one per client), the held locks in slices.
                     waiters::queues().respace(policy::space_of);
-                    if !moved {
-                        *locked(&RESPACE) = ValueScan::new().map(|scan| (0, scan));
-                    }
+                }
+                if moved || respace {
+                    let mut walk = locked(&AFRESH);
+                    let reindex = moved || walk.as_ref().is_some_and(|w| w.reindex);
+                    *walk = ValueScan::new().map(|scan| Walk {
+                        db: 0,
+                        scan,
+                        reindex,
+                    });
                 }
             }
             Job::RecordFloor => effects::record_floor(ctx),
@@ -202,7 +218,7 @@ fn run(ctx: &Context) {
                 end_sessions(ctx, now, started);
             }
             Job::EndSessions => end_sessions(ctx, now, started),
-            Job::Respace => respace(ctx, started),
+            Job::Afresh => afresh(ctx, started),
         }
         if started.elapsed() >= SLICE {
             break;
@@ -213,8 +229,8 @@ fn run(ctx: &Context) {
     if !locked(&ENDING).is_empty() {
         p.jobs.push(Job::EndSessions);
     }
-    if locked(&RESPACE).is_some() {
-        p.jobs.push(Job::Respace);
+    if locked(&AFRESH).is_some() {
+        p.jobs.push(Job::Afresh);
     }
     if !p.jobs.is_empty() && !p.armed {
         p.armed = timer::create(ctx, 0, run).is_some();
