@@ -200,7 +200,7 @@ fn a_default_namespace_of_the_policy_has_one_line_for_every_key_outside_the_othe
 }
 
 #[test]
-fn a_policy_changed_again_while_locks_are_being_recounted_ends_with_the_last_one() {
+fn a_policy_or_threshold_changed_again_while_locks_are_being_walked_ends_with_the_last_one() {
     let server = Server::start_with(Config::default());
     let mut c = server.conn();
     // Enough keys that the walk after a change takes several slices.
@@ -240,4 +240,17 @@ fn a_policy_changed_again_while_locks_are_being_recounted_ends_with_the_last_one
         third
     );
     assert_eq!(server.info_int("lock_held"), LOCKS as i64 - 1);
+    // A lower long-hold threshold, then a policy change while that walk goes on: every hold,
+    // granted before either, becomes long by the new threshold all the same.
+    c.send(&["CONFIG", "SET", "lock.long-hold", "300"]);
+    c.send(&["CONFIG", "SET", "lock.namespaces", "a prefix=k0:"]);
+    assert_eq!(c.read(), Reply::status("OK"));
+    assert_eq!(c.read(), Reply::status("OK"));
+    wait_for("every hold to become long", || {
+        (server.info_int("lock_long_holds") == LOCKS as i64 - 1).then_some(())
+    });
+    wait_for("the held locks to be counted in the last policy", || {
+        let held = |name| namespace_info(&server, name).map(|f| f["held"]);
+        (held("a") == Some(third) && held("default") == Some(2 * third - 1)).then_some(())
+    });
 }
