@@ -17,7 +17,8 @@
 //! - **Requirements** are checked against each request: `min-ttl`, `max-ttl`, `max-wait`,
 //!   `label=required`, `session=required|refused`, `sync=n` (SYNC with at least n replicas),
 //!   `fsync=required`, `modes=` (a `,` list of exclusive, shared, semaphore), `max-limit=n`
-//!   (a semaphore's largest LIMIT), `max-waiters=n` (the longest queue of one key).
+//!   (a semaphore's largest LIMIT), `max-waiters=n` (the longest queue of one key),
+//!   `max-reentrancy=n` (the most holds one token may take of one lock with REENTRANT).
 //! - **Defaults** fill in what a request omits and never change what a reply means to a client
 //!   that did not ask: `lock-delay=ms`.
 //! - **Mode:** `enforce` refuses a request that breaks a requirement with an error naming the
@@ -121,6 +122,8 @@ pub struct Rules {
     pub modes: Option<u8>,
     pub max_limit: Option<u32>,
     pub max_waiters: Option<u64>,
+    /// The most holds one token may have of one lock (REENTRANT adds one each time).
+    pub max_reentrancy: Option<u32>,
     /// A default: the lock-delay of a grant that names none.
     pub lock_delay: Option<u64>,
 }
@@ -238,6 +241,19 @@ impl Namespace {
 }
 
 impl Namespace {
+    /// The `max-reentrancy` requirement for a REENTRANT acquire by a token that has `holds`
+    /// holds of the lock already.
+    pub fn check_reentrancy(&self, holds: u32) -> Option<Violation> {
+        let max = self.rules.max_reentrancy.filter(|max| holds >= *max)?;
+        Some(Violation {
+            rule: "max-reentrancy",
+            detail: format!(
+                "REENTRANT would make {} holds, above the namespace's max-reentrancy {max}",
+                u64::from(holds) + 1
+            ),
+        })
+    }
+
     /// The `max-waiters` requirement for a request that would queue behind `queued` others.
     pub fn check_queue(&self, queued: u64) -> Option<Violation> {
         let max = self.rules.max_waiters.filter(|max| queued >= *max)?;
@@ -520,6 +536,10 @@ fn parse_namespace<'a>(
                 .replace(u32::try_from(count(1_000_000)?).unwrap_or(u32::MAX))
                 .is_some(),
             "max-waiters" => rules.max_waiters.replace(count(1_000_000)?).is_some(),
+            "max-reentrancy" => rules
+                .max_reentrancy
+                .replace(u32::try_from(count(1_000_000)?).unwrap_or(u32::MAX))
+                .is_some(),
             "modes" => {
                 let mut set = 0u8;
                 for word in value.split(',') {
@@ -599,6 +619,9 @@ pub fn settings(rules: &Rules) -> Vec<(&'static str, String)> {
     }
     if let Some(max) = rules.max_waiters {
         out.push(("max-waiters", max.to_string()));
+    }
+    if let Some(max) = rules.max_reentrancy {
+        out.push(("max-reentrancy", max.to_string()));
     }
     if let Some(delay) = rules.lock_delay {
         out.push(("lock-delay", delay.to_string()));

@@ -121,6 +121,61 @@ fn max_waiters_caps_the_queue_of_one_key() {
 }
 
 #[test]
+fn max_reentrancy_caps_the_holds_of_one_token_in_enforce_and_counts_them_in_warn() {
+    let policy = "strict prefix=s: mode=enforce max-reentrancy=2; \
+                  loose prefix=l: mode=warn max-reentrancy=2";
+    let server = Server::start_with(Config::default().namespaces(policy));
+    let mut c = server.conn();
+    let reentrant =
+        |c: &mut Conn, key: &str| c.call(&["LOCK.ACQUIRE", key, "t", "60000", "REENTRANT"]);
+    let first = reentrant(&mut c, "s:1");
+    assert!(first.is_int(), "{first:?}");
+    assert_eq!(reentrant(&mut c, "s:1"), first);
+    // A third hold: refused, and the lock keeps its two.
+    assert_eq!(
+        reentrant(&mut c, "s:1"),
+        policy_error(
+            "strict",
+            "REENTRANT would make 3 holds, above the namespace's max-reentrancy 2"
+        )
+    );
+    assert_eq!(c.call(&["LOCK.RELEASE", "s:1", "t"]), Reply::Int(1));
+    assert_eq!(state_of(&mut c, "s:1"), "held");
+    assert_eq!(c.call(&["LOCK.RELEASE", "s:1", "t"]), Reply::Int(1));
+    assert_eq!(state_of(&mut c, "s:1"), "free");
+    // Without REENTRANT, a holder's acquire refreshes and adds no hold: never refused.
+    assert!(reentrant(&mut c, "s:2").is_int());
+    assert!(reentrant(&mut c, "s:2").is_int());
+    assert!(c.call(&["LOCK.ACQUIRE", "s:2", "t", "60000"]).is_int());
+    // Shared holds count alike.
+    let shared =
+        |c: &mut Conn| c.call(&["LOCK.ACQUIRE", "s:3", "t", "60000", "SHARED", "REENTRANT"]);
+    assert!(shared(&mut c).is_int());
+    assert!(shared(&mut c).is_int());
+    assert!(matches!(shared(&mut c), Reply::Error(e) if e.starts_with("POLICY strict: ")));
+    // In warn mode the third hold is granted, and counted by its rule.
+    for _ in 0..3 {
+        assert!(reentrant(&mut c, "l:1").is_int());
+    }
+    for _ in 0..3 {
+        assert_eq!(c.call(&["LOCK.RELEASE", "l:1", "t"]), Reply::Int(1));
+    }
+    assert_eq!(state_of(&mut c, "l:1"), "free");
+    assert_eq!(server.info_int("lock_policy_refused"), 2);
+    assert_eq!(server.info_int("lock_policy_warned"), 1);
+    let info = c.call(&["INFO", "lock"]).text();
+    assert!(info.contains(",refused_max_reentrancy=2"), "{info}");
+    assert!(info.contains(",warned_max_reentrancy=1"), "{info}");
+    // LIST shows the setting.
+    let list = c.call(&["LOCK.POLICY", "LIST"]);
+    let strict = fields_map(&list.items()[0]);
+    assert_eq!(
+        fields_map(&strict["settings"])["max-reentrancy"],
+        Reply::bulk("2")
+    );
+}
+
+#[test]
 fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
     let config = Config::default()
         .namespaces(POLICY)

@@ -299,6 +299,16 @@ impl Lock {
             .chain(self.live_members(now).map(|m| (m.fence, &m.holder)))
     }
 
+    /// How many holds `token` has on the lock at `now` (REENTRANT counts each; 0: none).
+    pub fn hold_count(&self, token: &TokenDigest, now: u64) -> u32 {
+        if let Some(holder) = self.live_holder(now).filter(|h| h.token() == token) {
+            return holder.holds;
+        }
+        self.live_member_index(token, now)
+            .and_then(|at| self.members().get(at))
+            .map_or(0, |member| member.holder.holds)
+    }
+
     /// True when `token` holds the lock (in any mode) at `now`.
     pub fn holds(&self, token: &TokenDigest, now: u64) -> bool {
         self.live_holder(now).is_some_and(|h| h.token() == token)

@@ -181,6 +181,12 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
     let (outcome, lock_id) = match in_key_mut(&key)? {
         Some(stored) => {
             expire_overdue(ctx, key_name, stored, now);
+            if options.reentrant {
+                let holds = stored.lock().hold_count(&token, now);
+                if holds > 0 {
+                    policy::admit_reentrant(ctx, key_name, holds)?;
+                }
+            }
             // Queued waiters are not overtaken: only a holder may re-acquire (or downgrade).
             // What could never be granted is refused all the same.
             let outcome = if !waiters::queued(ctx, key_name) || stored.lock().holds(&token, now) {

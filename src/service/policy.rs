@@ -23,7 +23,7 @@ use crate::lock::ages::Space;
 use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
 
 /// The rules a request can break, in the order of their counters.
-pub const RULES: [&str; 10] = [
+pub const RULES: [&str; 11] = [
     "min-ttl",
     "max-ttl",
     "max-wait",
@@ -34,6 +34,7 @@ pub const RULES: [&str; 10] = [
     "modes",
     "max-limit",
     "max-waiters",
+    "max-reentrancy",
 ];
 
 /// What one namespace refused (`enforce`) and let through (`warn`), per rule, and what its
@@ -417,6 +418,18 @@ pub fn admit_queued(
     }
     judged(ctx, key.as_slice(), judging, |namespace| {
         namespace.check_queue(u64::try_from(queued).unwrap_or(u64::MAX))
+    })
+    .map(|_| ())
+}
+
+/// [`admit`] for a REENTRANT acquire by a token that holds the lock `holds` times already
+/// (`max-reentrancy`).
+pub fn admit_reentrant(ctx: &Context, key: &RedisString, holds: u32) -> Result<(), LockError> {
+    if !ANY.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    judged(ctx, key.as_slice(), Judging::All, |namespace| {
+        namespace.check_reentrancy(holds)
     })
     .map(|_| ())
 }
