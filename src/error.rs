@@ -114,6 +114,8 @@ pub enum LockError {
         namespace: String,
         detail: String,
     },
+    /// LOCK.LIST NAMESPACE with a name the policy in force does not have (never echoed).
+    UnknownNamespace,
     /// Something that should not happen (a bug, or the server refusing what it never refuses):
     /// what it was goes to the server log when the error is replied.
     Internal(&'static str),
@@ -241,6 +243,9 @@ impl LockError {
                 format!("ERR option {option} applies to exclusive holds only, not SHARED or LIMIT")
             }
             LockError::Policy { namespace, detail } => format!("POLICY {namespace}: {detail}"),
+            LockError::UnknownNamespace => {
+                "ERR no such namespace in lock.namespaces (LOCK.POLICY LIST names them)".into()
+            }
             LockError::Internal(_) => {
                 "ERR internal error in the lock module; details are in the server log".into()
             }

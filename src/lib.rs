@@ -27,7 +27,7 @@ use std::ffi::CStr;
 
 use host::command::{entry, entry_declaring_keys, ArgDef, ArgKind, CommandDef, KeyAccess, Keys};
 use service::commands::{
-    LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockGuard, LockInfo,
+    LockAcquire, LockApply, LockFence, LockFloor, LockForceRelease, LockGuard, LockInfo, LockList,
     LockLongholds, LockMacquire, LockMrelease, LockPolicy, LockRelease, LockRenew, LockWait,
     LockWho,
 };
@@ -247,6 +247,30 @@ pub static COMMANDS: &[CommandDef] = &[
                 ),
             ]),
         )],
+        acl: c"",
+        since: c"0.2.0",
+    },
+    CommandDef {
+        name: c"lock.list",
+        callback: entry::<LockList>,
+        flags: c"readonly",
+        arity: -2,
+        keys: Keys::None,
+        summary: c"Lists the locks held or waited for, a page at a time with a cursor as SCAN: key, namespace, mode, holders, age of the oldest hold, labels, waiters; never a token; only keys the caller may read.",
+        complexity: c"O(N) for each call, where N is COUNT (and the holders and waiters of the locks listed); O(M) for a full iteration, where M is the number of keys",
+        args: &[
+            ArgDef::new(c"cursor", ArgKind::Integer),
+            ArgDef::new(c"namespace", ArgKind::String)
+                .token(c"NAMESPACE")
+                .optional(),
+            ArgDef::new(c"older-ms", ArgKind::Integer)
+                .token(c"OLDER")
+                .optional(),
+            ArgDef::new(c"waiting", ArgKind::PureToken)
+                .token(c"WAITING")
+                .optional(),
+            ArgDef::new(c"count", ArgKind::Integer).token(c"COUNT").optional(),
+        ],
         acl: c"",
         since: c"0.2.0",
     },

@@ -293,3 +293,52 @@ fn reclaiming_many_free_locks_costs_linear_time() {
     let big = reclaim(10_000);
     assert_linear("reclaim", small, big);
 }
+
+/// On a server with `n` held locks: the CPU of 500 LOCK.LIST calls of COUNT 10 (a cursor walked
+/// from 0), and the CPU of a whole iteration with COUNT 1000.
+fn list(n: usize) -> (Duration, Duration) {
+    let server = Server::start();
+    let mut c = server.conn();
+    for start in (0..n).step_by(1_000) {
+        for i in start..(start + 1_000).min(n) {
+            c.send(&["LOCK.ACQUIRE", &format!("l{i}"), "t", "600000"]);
+        }
+        for _ in start..(start + 1_000).min(n) {
+            assert!(c.read().is_int());
+        }
+    }
+    let mut walk = |count: &str, calls: usize| {
+        let mut cursor = "0".to_string();
+        let mut listed = 0;
+        for _ in 0..calls {
+            let reply = c.call(&["LOCK.LIST", &cursor, "COUNT", count]);
+            let items = reply.items();
+            listed += items[1].items().len();
+            cursor = items[0].text();
+            if cursor == "0" {
+                break;
+            }
+        }
+        listed
+    };
+    let mut pages = 0;
+    let some = cpu_of(&server, || pages = walk("10", 500));
+    assert!(pages > 0);
+    let mut listed = 0;
+    let whole = cpu_of(&server, || listed = walk("1000", usize::MAX));
+    assert_eq!(listed, n);
+    (some, whole)
+}
+
+#[test]
+fn a_lock_list_call_costs_what_its_count_says_and_a_whole_iteration_linear_time() {
+    let (small_pages, small_whole) = list(10_000);
+    let (big_pages, big_whole) = list(100_000);
+    // The same number of calls of the same COUNT: about the same work, with 10x the locks.
+    println!("500 LOCK.LIST calls of COUNT 10: {small_pages:?} -> {big_pages:?} for 10x N");
+    assert!(
+        big_pages <= small_pages.max(Duration::from_millis(10)) * 3,
+        "500 calls: {small_pages:?} with 10,000 locks, {big_pages:?} with 100,000"
+    );
+    assert_linear("a whole LOCK.LIST iteration", small_whole, big_whole);
+}

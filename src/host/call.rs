@@ -176,3 +176,131 @@ pub fn command_keys(ctx: &Context, argv: &[RedisString]) -> Vec<(usize, u32)> {
     }
     keys
 }
+
+/// One page of `SCAN cursor TYPE type_name COUNT count` in the selected database, run as the
+/// module (no ACL check: the caller filters keys by its own rights, see `may_read`): the next
+/// cursor (`0` at the end) and the names found. None when the server answered otherwise.
+pub fn scan_page(
+    ctx: &Context,
+    cursor: &[u8],
+    type_name: &str,
+    count: usize,
+) -> Option<(Vec<u8>, Vec<RedisString>)> {
+    let count = count.to_string();
+    let words: [&[u8]; 5] = [
+        cursor,
+        b"TYPE",
+        type_name.as_bytes(),
+        b"COUNT",
+        count.as_bytes(),
+    ];
+    let args: Vec<RedisString> = words
+        .iter()
+        .map(|word| RedisString::create_from_slice(ctx.ctx, word))
+        .collect();
+    let mut raw_args: Vec<*mut raw::RedisModuleString> = args.iter().map(|a| a.inner).collect();
+    // SAFETY: reading the API table. Then a valid context, a NUL-terminated name, a format whose
+    // one `v` consumes the (pointer, length) pair after it, and strings alive for the call.
+    let reply = unsafe {
+        let call = raw::RedisModule_Call?;
+        call(
+            ctx.ctx,
+            c"SCAN".as_ptr(),
+            c"vE".as_ptr(),
+            raw_args.as_mut_ptr(),
+            raw_args.len(),
+        )
+    };
+    let reply = CallReply(NonNull::new(reply)?);
+    let cursor = string_at(&reply, 0)?;
+    // SAFETY: reading the API table, then a live reply and an element it owns.
+    let names = unsafe {
+        let element = raw::RedisModule_CallReplyArrayElement?;
+        let length = raw::RedisModule_CallReplyLength?;
+        let list = element(reply.0.as_ptr(), 1);
+        if list.is_null() {
+            return None;
+        }
+        (0..length(list))
+            .filter_map(|i| bytes_of(element(list, i)))
+            .map(|name| RedisString::create_from_slice(ctx.ctx, &name))
+            .collect()
+    };
+    Some((cursor, names))
+}
+
+/// The bytes of the string element `index` of the array `reply`.
+fn string_at(reply: &CallReply, index: usize) -> Option<Vec<u8>> {
+    // SAFETY: reading the API table, then a live reply; the element is owned by it.
+    unsafe {
+        let element = raw::RedisModule_CallReplyArrayElement?;
+        bytes_of(element(reply.0.as_ptr(), index))
+    }
+}
+
+/// The bytes of a string reply (copied), or None for a null or a reply of another type.
+///
+/// # Safety
+/// `reply` is null or a call reply alive for the duration of the call.
+unsafe fn bytes_of(reply: *mut raw::RedisModuleCallReply) -> Option<Vec<u8>> {
+    if reply.is_null() {
+        return None;
+    }
+    let mut len = 0usize;
+    // SAFETY: as the caller promises; the pointer is valid for `len` bytes while it lives.
+    unsafe {
+        let text = raw::RedisModule_CallReplyStringPtr?(reply, &mut len);
+        if text.is_null() {
+            return None;
+        }
+        Some(std::slice::from_raw_parts(text.cast::<u8>(), len).to_vec())
+    }
+}
+
+/// The reader the calling client is: a handle on its ACL user, freed on drop.
+pub struct Reader(NonNull<raw::RedisModuleUser>);
+
+impl Reader {
+    /// The calling client's ACL user; None when the server cannot tell (no client, or an API
+    /// it lacks): such a caller is shown no key.
+    pub fn of_caller(ctx: &Context) -> Option<Reader> {
+        // SAFETY: reading the API table, then a valid context; the name is freed at once (its
+        // copy is what the user lookup keeps), and the user is freed by drop.
+        unsafe {
+            let name = raw::RedisModule_GetCurrentUserName?(ctx.ctx);
+            if name.is_null() {
+                return None;
+            }
+            let user = raw::RedisModule_GetModuleUserFromUserName.map(|get| get(name));
+            if let Some(free) = raw::RedisModule_FreeString {
+                free(ctx.ctx, name);
+            }
+            NonNull::new(user?).map(Reader)
+        }
+    }
+
+    /// True when the user may read the key `name`.
+    pub fn may_read(&self, name: &RedisString) -> bool {
+        // SAFETY: reading the API table, then a live user and key string.
+        unsafe {
+            raw::RedisModule_ACLCheckKeyPermissions.is_some_and(|check| {
+                check(
+                    self.0.as_ptr(),
+                    name.inner,
+                    raw::REDISMODULE_CMD_KEY_ACCESS as c_int,
+                ) == raw::REDISMODULE_OK as c_int
+            })
+        }
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        // SAFETY: a user from RM_GetModuleUserFromUserName, freed once, here.
+        unsafe {
+            if let Some(free) = raw::RedisModule_FreeModuleUser {
+                free(self.0.as_ptr());
+            }
+        }
+    }
+}

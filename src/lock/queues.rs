@@ -500,6 +500,23 @@ impl<H> Queues<H> {
             })
     }
 
+    /// The clients waiting on `key` (acquirers, a multi-lock one on each of its keys, and
+    /// watchers), and when the one waiting longest began.
+    pub fn waiting_on_since(&self, db: i32, key: &[u8]) -> (usize, Option<Instant>) {
+        let Some(queue) = self.queue(db, key) else {
+            return (0, None);
+        };
+        let first_acquirer = queue.acquirers.first_key_value().map(|(id, _)| *id);
+        let first_watcher = queue
+            .watchers
+            .values()
+            .filter_map(|group| group.first_key_value().map(|(id, _)| *id))
+            .min();
+        let first = first_acquirer.into_iter().chain(first_watcher).min();
+        let since = first.and_then(|id| self.ages.get(&id)).map(|age| age.0);
+        (queue.len(), since)
+    }
+
     /// The watchers (`LOCK.WAIT`) of `key`.
     pub fn watchers_on(&self, db: i32, key: &[u8]) -> usize {
         self.queue(db, key).map_or(0, |q| q.watcher_count)

@@ -29,6 +29,7 @@ use crate::service::change::{
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
+use crate::service::list::list;
 use crate::service::multi::{self, macquire, mrelease};
 use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
@@ -73,6 +74,7 @@ commands! {
     LockWho => who, secrets: after_the_first;
     LockLongholds => longholds, secrets: every_argument;
     LockPolicy => policy_command, secrets: every_argument;
+    LockList => list, secrets: every_argument;
 }
 
 /// A failed call: anything after its first argument (the key, or numkeys, whose keys end

@@ -196,6 +196,12 @@ pub fn oldest() -> (u64, String) {
     }
 }
 
+/// The grant time of the oldest hold of `stored` (ms since the epoch), as the ages record it;
+/// None when nobody holds it, or no hold's grant time is known.
+pub fn since_of(stored: &Stored) -> Option<u64> {
+    ages().since_of(stored.id(), stored.age_slot())
+}
+
 /// INFO, per namespace: the held locks in `space`, and the age of their oldest hold in ms (0
 /// when none).
 pub fn in_space(space: Space) -> (usize, u64) {

@@ -33,6 +33,7 @@ pub mod guard;
 pub mod handoff;
 pub mod holds;
 pub mod leases;
+pub mod list;
 pub mod multi;
 pub mod policy;
 pub mod safety;

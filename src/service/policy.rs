@@ -134,6 +134,24 @@ fn row_names(policy: Option<&Policy>) -> Vec<&str> {
     names
 }
 
+/// True when `name` names a row of the policy in force: one of its namespaces, or `default`.
+pub fn has_row(name: &str) -> bool {
+    with(|policy| policy.is_some() && row_names(policy).contains(&name))
+}
+
+/// The name of the row `key` is counted in (its namespace, or `default`); None without a
+/// policy.
+pub fn row_name_of(key: &[u8]) -> Option<String> {
+    if !ANY.load(Ordering::Relaxed) {
+        return None;
+    }
+    with(|policy| {
+        let policy = policy?;
+        let names = row_names(Some(policy));
+        names.get(row_of(policy, key)).map(|name| name.to_string())
+    })
+}
+
 /// The row of counts of `key` under `policy` (see [`HERE`]).
 fn row_of(policy: &Policy, key: &[u8]) -> usize {
     policy

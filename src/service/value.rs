@@ -377,8 +377,11 @@ impl Drop for Stored {
 
 /// The type as Redis sees it. The name and encoding version are part of every RDB file that
 /// holds a lock: never change them.
+/// The lock type's name: what TYPE answers for a lock key, and SCAN's TYPE filter takes.
+pub const LOCK_TYPE_NAME: &str = "lockstate";
+
 pub static LOCK_TYPE: RedisType = RedisType::new(
-    "lockstate",
+    LOCK_TYPE_NAME,
     codec::ENCODING_VERSION,
     host::value::methods::<Stored>(),
 );
