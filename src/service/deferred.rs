@@ -64,7 +64,17 @@ struct Closed {
 /// stalls the server for a scan of millions of keys: meanwhile a lock not reached yet counts in
 /// its old namespace, and a hold that became long by the new threshold is seen when the walk
 /// reaches it (a lock that changes is looked at at once). A new change starts it again.
-static AFRESH: Mutex<Option<Walk>> = Mutex::new(None);
+static AFRESH: Mutex<Option<Afresh>> = Mutex::new(None);
+
+/// The two phases of [`AFRESH`]: the walk over the keyspace, then the ages put back in time
+/// order (the walk moved locks between spaces in the keyspace's order).
+enum Afresh {
+    Walk(Walk),
+    Merge,
+}
+
+/// How many ages entries one step of the merge takes before looking at the clock.
+const MERGE_STEP: usize = 1024;
 
 /// Where [`AFRESH`] is: the database and the scan of it, and whether the lease index is
 /// followed too.
@@ -72,6 +82,36 @@ struct Walk {
     db: i32,
     scan: ValueScan,
     reindex: bool,
+    /// The policy change it follows (see `policy::spaces_moved`).
+    generation: u64,
+}
+
+/// Starts [`AFRESH`] again when `lock.namespaces` or `lock.long-hold` changed since it last
+/// started (each change is taken once).
+fn follow_config_changes() {
+    let moved = holds::threshold_changed();
+    let respace = policy::spaces_changed();
+    if moved || respace {
+        let mut state = locked(&AFRESH);
+        let reindex = moved || matches!(&*state, Some(Afresh::Walk(walk)) if walk.reindex);
+        *state = ValueScan::new().map(|scan| {
+            Afresh::Walk(Walk {
+                db: 0,
+                scan,
+                reindex,
+                generation: policy::generation(),
+            })
+        });
+    }
+}
+
+/// SWAPDB while [`AFRESH`] goes on: the part not walked yet may now be under a database it
+/// has passed, so it starts again.
+pub fn databases_swapped() {
+    if let Some(Afresh::Walk(walk)) = locked(&AFRESH).as_mut() {
+        walk.db = 0;
+        walk.scan.restart();
+    }
 }
 
 fn pending() -> MutexGuard<'static, Pending> {
@@ -135,25 +175,37 @@ fn end_sessions(ctx: &Context, now: u64, started: Instant) {
     }
 }
 
-/// Goes on with the walk of [`AFRESH`] for what is left of the slice begun at `started`.
+/// Goes on with [`AFRESH`] for what is left of the slice begun at `started`.
 fn afresh(ctx: &Context, started: Instant) {
     let mut state = locked(&AFRESH);
-    while let Some(walk) = state.as_mut() {
-        if !select_db(ctx, walk.db) {
-            // Past the last database: done.
-            *state = None;
-            return;
-        }
-        let reindex = walk.reindex;
-        let more = walk.scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
-            holds::respace(stored, key);
-            if reindex {
-                leases::follow(ctx, stored, key);
+    loop {
+        match state.as_mut() {
+            None => return,
+            Some(Afresh::Merge) => {
+                if holds::merge_aside(MERGE_STEP) {
+                    *state = None;
+                    return;
+                }
             }
-        });
-        if !more {
-            walk.db += 1;
-            walk.scan.restart();
+            Some(Afresh::Walk(walk)) => {
+                if !select_db(ctx, walk.db) {
+                    // Past the last database: every lock is in its space.
+                    policy::spaces_moved(walk.generation);
+                    *state = Some(Afresh::Merge);
+                    continue;
+                }
+                let reindex = walk.reindex;
+                let more = walk.scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
+                    holds::respace(stored, key);
+                    if reindex {
+                        leases::follow(ctx, stored, key);
+                    }
+                });
+                if !more {
+                    walk.db += 1;
+                    walk.scan.restart();
+                }
+            }
         }
         if started.elapsed() >= SLICE {
             return;
@@ -167,7 +219,12 @@ fn run(ctx: &Context) {
     let primary = is_primary(ctx);
     if primary && avoid_replica_traffic() {
         // Clients are paused (CLIENT PAUSE, a failover): nothing may be written or replicated
-        // now (Redis would abort). Look again shortly.
+        // now (Redis would abort). Look again shortly. The walk after a config change writes
+        // nothing, and goes on meanwhile.
+        follow_config_changes();
+        let original_db = selected_db(ctx);
+        afresh(ctx, Instant::now());
+        select_db(ctx, original_db);
         let mut p = pending();
         p.armed = timer::create(ctx, PAUSED_RETRY_MS, run).is_some();
         return;
@@ -191,21 +248,8 @@ fn run(ctx: &Context) {
             Job::CheckConfig => {
                 safety::check(ctx);
                 // A new lock.long-hold moves every held lock's crossing, a new policy their
-                // namespaces (and the waiters', moved at once: at most one per connection).
-                let moved = holds::threshold_changed();
-                let respace = policy::spaces_changed();
-                if respace {
-                    waiters::queues().respace(policy::space_of);
-                }
-                if moved || respace {
-                    let mut walk = locked(&AFRESH);
-                    let reindex = moved || walk.as_ref().is_some_and(|w| w.reindex);
-                    *walk = ValueScan::new().map(|scan| Walk {
-                        db: 0,
-                        scan,
-                        reindex,
-                    });
-                }
+                // namespaces (the waiters' moved when it was put in force).
+                follow_config_changes();
             }
             Job::RecordFloor => effects::record_floor(ctx),
             // Sessions end only on the primary; a replica's sessions died with its role.

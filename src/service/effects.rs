@@ -16,7 +16,7 @@ use crate::lock::core::TokenDigest;
 use crate::lock::event::Event;
 use crate::lock::floor;
 use crate::service::value::{Stored, APPLY};
-use crate::service::{holds, leases};
+use crate::service::{holds, leases, policy};
 
 /// The name of the internal effect command (see `value::APPLY`).
 const APPLY_NAME: &str = "LOCK.APPLY";
@@ -28,6 +28,10 @@ pub const FLOOR: &str = "LOCK.FLOOR";
 /// WATCH invalidation, the keyspace notification and the lease index.
 pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
     keys::signal_modified(ctx, key);
+    if policy::spaces_moving() {
+        // The policy changed and the walk may not have reached this lock yet.
+        holds::respace(stored, key.as_slice());
+    }
     if let Some(name) = event.notification() {
         keys::notify(ctx, NotifyEvent::MODULE, name, key);
     }

@@ -49,6 +49,7 @@ impl Listener for Events {
             ServerEvent::AsyncLoad(AsyncLoad::Started | AsyncLoad::Aborted) => {}
             ServerEvent::SwappedDbs(a, b) => {
                 leases::swap_dbs(a, b);
+                deferred::databases_swapped();
                 sessions::swapped(a, b);
                 settle_waiters_in(ctx, Some(a));
                 if b != a {

@@ -17,7 +17,8 @@ use crate::error::LockError;
 use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
 use crate::host::server::{is_primary, now_ms, selected_db};
-use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog, Space};
+use crate::lock::ages::{tag_of, tag_text, Ages, Crossing, LongLog, Space, UNKNOWN};
+use crate::lock::core::Lock;
 use crate::lock::event::Event;
 use crate::lock::locked;
 use crate::lock::sessions;
@@ -52,8 +53,14 @@ fn log_len() -> usize {
 
 /// After a change of the lock `stored` under `key`: its oldest hold.
 pub fn follow(stored: &Stored, key: &[u8]) {
-    let since = stored.lock().oldest_grant();
-    set_oldest(stored, key, since);
+    set_oldest(stored, key, age_of(stored.lock()));
+}
+
+/// What the ages record of `lock`: its oldest grant time, [`UNKNOWN`] when it is held by holds
+/// of unknown grant time only, None when free.
+fn age_of(lock: &Lock) -> Option<u64> {
+    lock.has_holders()
+        .then(|| lock.oldest_grant().unwrap_or(UNKNOWN))
 }
 
 /// After a change (`event`) of the lock `stored` under `key`: its oldest hold, without looking
@@ -81,7 +88,7 @@ pub fn follow_change(stored: &Stored, key: &[u8], event: Event) {
             return;
         }
     }
-    set_oldest(stored, key, lock.oldest_grant());
+    set_oldest(stored, key, age_of(lock));
 }
 
 fn set_oldest(stored: &Stored, key: &[u8], since: Option<u64>) {
@@ -105,6 +112,12 @@ pub fn arrived(stored: &Stored, key: &[u8]) {
 /// The policy changed: the lock `stored` under `key` is counted in its key's namespace now.
 pub fn respace(stored: &Stored, key: &[u8]) {
     ages().respace(stored.id(), stored.age_slot(), policy::space_of(key));
+}
+
+/// After the walk that followed a policy change: puts the ages back in time order, about
+/// `budget` locks at a time (see `Ages::merge_aside`); true once done.
+pub fn merge_aside(budget: usize) -> bool {
+    ages().merge_aside(budget)
 }
 
 /// Before loading's rebuild ([`follow`] for each lock found): no lock has an age.

@@ -21,6 +21,7 @@ use crate::host::log_notice;
 use crate::host::server::{caller_id, is_replayed, now_ms};
 use crate::lock::ages::Space;
 use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
+use crate::service::waiters;
 
 /// The rules a request can break, in the order of their counters.
 pub const RULES: [&str; 11] = [
@@ -103,6 +104,11 @@ thread_local! {
     /// namespace when the policy defines no `default` (see [`row_of`]). Counted here without a
     /// look-up by name.
     static HERE: RefCell<Vec<Counts>> = const { RefCell::new(Vec::new()) };
+    /// The space of each row of the policy in force (see [`SPACES`]).
+    static ROW_SPACES: RefCell<Vec<Space>> = const { RefCell::new(Vec::new()) };
+    /// Every row name a policy has had, by its space: a lock or waiter not moved yet after a
+    /// change still names the namespace it was counted in, never one that took its place.
+    static SPACES: RefCell<HashMap<String, Space>> = RefCell::new(HashMap::new());
     /// The counts of namespaces no longer in force, by name: a name keeps its counts when the
     /// policy is replaced, or it is removed and comes back.
     static COUNTS: RefCell<HashMap<String, Counts>> = RefCell::new(HashMap::new());
@@ -184,7 +190,55 @@ fn install(policy: Policy) {
                 .collect();
         });
     });
+    let spaces = SPACES.with(|spaces| {
+        let mut spaces = spaces.borrow_mut();
+        let names = row_names(policy.as_ref());
+        if spaces.len() + names.len() >= usize::from(Space::MAX) {
+            // Tens of thousands of names over the process' life: the spaces start again (locks
+            // and waiters not moved yet may count in another row until the walk moves them).
+            spaces.clear();
+        }
+        names
+            .iter()
+            .map(|name| {
+                // Space 0 is the one of every lock and waiter while no policy is in force.
+                let next = Space::try_from(spaces.len() + 1).unwrap_or(Space::MAX);
+                *spaces.entry((*name).to_string()).or_insert(next)
+            })
+            .collect::<Vec<Space>>()
+    });
+    ROW_SPACES.with(|rows| *rows.borrow_mut() = spaces);
     ACTIVE.with(|cell| *cell.borrow_mut() = policy);
+    MOVING.store(true, Ordering::Relaxed);
+    // The waiters (at most one per connection) move at once; the held locks by a walk over
+    // the keyspace (see `deferred`), or as they change.
+    waiters::queues().respace(space_of);
+}
+
+/// The space of row `row` of the policy in force.
+fn space_at(row: usize) -> Space {
+    ROW_SPACES.with(|rows| rows.borrow().get(row).copied().unwrap_or(0))
+}
+
+/// True from a policy change until the walk has put every held lock in its new space: a lock
+/// that changes meanwhile is moved at once (see `effects::announce`).
+static MOVING: AtomicBool = AtomicBool::new(false);
+
+/// See [`MOVING`].
+pub fn spaces_moving() -> bool {
+    MOVING.load(Ordering::Relaxed)
+}
+
+/// The walk after the change at `generation` is done (unless another change came since).
+pub fn spaces_moved(generation: u64) {
+    if GENERATION.load(Ordering::Relaxed) == generation {
+        MOVING.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The number of policy changes so far.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Relaxed)
 }
 
 /// `lock.namespaces` as a config: a value is put in force when the server sets it (so the
@@ -308,18 +362,13 @@ pub fn tally(key: &[u8], stat: Stat, n: u64) {
     });
 }
 
-/// The space of `key` among the held locks' ages (see `lock::ages::Space`): its namespace's
-/// position in the policy plus one, 0 for a key in no namespace (or without a policy).
+/// The space of `key` among the held locks' ages and the waiters (see `lock::ages::Space`):
+/// the one of its row's name (see [`SPACES`]); 0 without a policy.
 pub fn space_of(key: &[u8]) -> Space {
     if !ANY.load(Ordering::Relaxed) {
         return 0;
     }
-    with(|policy| {
-        policy
-            .and_then(|policy| policy.position_of(key))
-            .and_then(|(at, _)| Space::try_from(at + 1).ok())
-            .unwrap_or(0)
-    })
+    with(|policy| policy.map_or(0, |policy| space_at(row_of(policy, key))))
 }
 
 /// Bumped whenever a policy is put in force: the held locks' spaces must then be found again.
@@ -352,22 +401,12 @@ pub fn namespace_fields(
             return Vec::new();
         };
         let names = row_names(Some(policy));
-        // A namespace's space is its row plus one; the keys in no namespace (a row of their own
-        // when no namespace is named `default`) are in space 0.
-        let defined = policy.namespaces().len();
-        let space_of_row = |row: usize| -> Space {
-            if row == defined {
-                0
-            } else {
-                Space::try_from(row + 1).unwrap_or(0)
-            }
-        };
         names
             .iter()
             .enumerate()
             .map(|(row, name)| {
-                let (held_now, oldest_hold) = held(space_of_row(row));
-                let (waiters, oldest_wait) = waiting(space_of_row(row));
+                let (held_now, oldest_hold) = held(space_at(row));
+                let (waiters, oldest_wait) = waiting(space_at(row));
                 let counts = counts_at(row);
                 let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
                 let mut fields = vec![
