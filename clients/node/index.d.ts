@@ -11,7 +11,7 @@ export declare class LockError extends Error {
 }
 /** A setting that makes no sense, refused before any command is sent. */
 export declare class LockArgumentError extends Error {
-  /** ttl, watchdog-ttl, wait, limit, shared+limit, retry or label. */
+  /** ttl, watchdog-ttl, wait, limit, shared+limit, retry, label, sync or fsync. */
   readonly reason: string;
 }
 export declare class LockNotAcquired extends LockError {}
@@ -25,7 +25,7 @@ export declare class LockPolicyError extends LockError {
   readonly namespace: string;
   /** The rule broken, in the server's words, e.g. `a LABEL is required`. */
   readonly detail: string;
-  /** ioredis' ReplyError. */
+  /** ioredis' ReplyError, its `command.args` without the token. */
   readonly cause: Error;
 }
 
@@ -71,10 +71,12 @@ export interface LockOptions {
   onLost?: (lock: Lock) => void;
   retry?: RetryPolicy;
   /** `SYNC replicas timeoutMs` on every LOCK.ACQUIRE and LOCK.RENEW: the reply waits until
-   * that many replicas acknowledged the change (NOREPLICAS ... otherwise). */
+   * that many replicas acknowledged the change (NOREPLICAS ... otherwise). An integer
+   * `replicas >= 0` and an integer `timeoutMs` from 1 to 2^45, else LockArgumentError `sync`. */
   sync?: { replicas: number; timeoutMs: number };
   /** `FSYNC fsyncMs` on every LOCK.ACQUIRE and LOCK.RENEW: the reply waits until the change is
-   * fsynced to the server's AOF (`ERR FSYNC needs appendonly yes` without one). */
+   * fsynced to the server's AOF (`ERR FSYNC needs appendonly yes` without one). An integer
+   * from 1 to 2^45, else LockArgumentError `fsync`. */
   fsyncMs?: number;
 }
 
@@ -87,12 +89,13 @@ export declare class Lock {
   check(): number;
   /** The fence; LockNotAcquired, LockConnectionError (nothing sent), LockPolicyError (the
    * server's policy refused it, at once) or LockUnknown (a reply lost and the retries used up,
-   * or a retry after a lost reply refused by policy; one LOCK.RELEASE with the token was
-   * tried). */
+   * or a retry after a lost reply answered by an error that is not retried; one LOCK.RELEASE
+   * with the token was tried). */
   acquire(): Promise<number>;
-  /** LockLost when no longer held; LockPolicyError when the server's policy refused the
-   * renewal (the lock then counts as lost); ioredis' ReplyError when the server renewed but
-   * could not confirm it (NOREPLICAS, the FSYNC change error): still held, on the old lease. */
+  /** LockLost when no longer held (or any reply came after the local lease ran out);
+   * LockPolicyError when the server's policy refused the renewal (the lock then counts as
+   * lost); ioredis' ReplyError when the server renewed in time but could not confirm it
+   * (NOREPLICAS, the FSYNC change error): still held, on the old lease. */
   renew(): Promise<void>;
   /** Stops the watchdog, then releases with the token (retried as acquire is): true when this
    * grant was released, false when it was not held any more. */

@@ -35,13 +35,15 @@ class LockArgumentError extends Error {
 class LockNotAcquired extends LockError {}
 /** The grant is gone, or presumed gone (its local lease ran out). */
 class LockLost extends LockError {}
-/** A request was sent, its reply lost, and retries ran out: it may or may not be granted. */
+/** A request was sent, its reply lost, and retries ran out, or a retry was answered by an error
+ * that says nothing about the lost try (-POLICY, -READONLY, -MOVED, -NOREPLICAS ...): it may or
+ * may not be granted. */
 class LockUnknown extends LockError {}
 /** No connection could be opened before anything was sent: nothing was granted. */
 class LockConnectionError extends LockError {}
 /** The server's lock namespaces refused the request (`-POLICY <namespace>: <detail>`):
  * nothing was changed. Never retried: the same request breaks the same rule. `cause` is
- * ioredis' ReplyError. */
+ * ioredis' ReplyError, its `command.args` without the token (`withoutToken`). */
 class LockPolicyError extends LockError {
   constructor(key, namespace, detail, cause) {
     super(key, `refused by the policy of namespace ${namespace}: ${detail}`);
@@ -59,6 +61,23 @@ function policyError(key, error) {
   const at = rest.indexOf(': ');
   return at < 0 ? new LockPolicyError(key, rest, '', error)
     : new LockPolicyError(key, rest.slice(0, at), rest.slice(at + 2), error);
+}
+
+/** ioredis puts the command's words on the errors it rejects a command with
+ * (`error.command.args`: a ReplyError, an AbortError), the token among them, and util.inspect,
+ * console.error and JSON.stringify (what structured loggers do) print them. A token is a
+ * secret (the module's README, "Tokens stay secret"): every error the helper throws or keeps
+ * has it replaced by `<token>` (also in a cluster error's `lastNodeError` and in `cause`). */
+function withoutToken(error, token, depth = 0) {
+  if (error === null || typeof error !== 'object' || depth > 2) return error;
+  const command = error.command;
+  if (command && Array.isArray(command.args)) {
+    error.command = { ...command, args: command.args.map((arg) => (String(arg) === token ? '<token>' : arg)) };
+  }
+  for (const inner of [error.lastNodeError, error.cause]) {
+    if (inner !== error) withoutToken(inner, token, depth + 1);
+  }
+  return error;
 }
 
 /** Whether `error` answers a renewal the server applied but could not confirm: SYNC's
@@ -128,6 +147,11 @@ class RetryPolicy {
   }
 }
 
+/** A SYNC or FSYNC timeout the server takes: 1 to 2^45 ms. */
+function validTimeout(ms) {
+  return Number.isInteger(ms) && ms >= 1 && ms <= MAX_WAIT_MS;
+}
+
 function validLabel(label) {
   return typeof label === 'string' && label.length >= 1 && label.length <= MAX_LABEL_LEN &&
     /^[!-~]+$/.test(label);
@@ -164,6 +188,14 @@ class Lock {
     if (label !== undefined && !validLabel(label)) {
       throw new LockArgumentError('label', 'a label is 1 to 128 bytes of printable ASCII without spaces');
     }
+    if (sync !== undefined && !(sync !== null && typeof sync === 'object' && !Array.isArray(sync) &&
+        Number.isInteger(sync.replicas) && sync.replicas >= 0 && validTimeout(sync.timeoutMs))) {
+      throw new LockArgumentError('sync', `sync must be undefined or { replicas >= 0, timeoutMs from 1 to ${MAX_WAIT_MS} }`);
+    }
+    if (fsyncMs !== undefined && !validTimeout(fsyncMs)) {
+      throw new LockArgumentError('fsync', `fsyncMs must be undefined or a timeout from 1 to ${MAX_WAIT_MS} ms`);
+    }
+    if (sync !== undefined) sync = { replicas: sync.replicas, timeoutMs: sync.timeoutMs };
     Object.assign(this, { redis, key, ttlMs, waitMs, shared, limit, label, watchdog, onLost, retry, sync, fsyncMs });
     // The local lease: allow 1% + 2 ms for the server's rounding and clock rate.
     this._leaseMs = Math.max(0, ttlMs * 0.99 - 2);
@@ -229,17 +261,18 @@ class Lock {
       const sent = performance.now();
       let reply;
       try {
-        reply = await this.redis.call(...command);
+        reply = await this._send(token, ...command);
       } catch (error) {
         if (!isRetriable(error)) {
-          const refused = policyError(this.key, error);
-          if (refused && maybeGranted) {
-            // An earlier try whose reply was lost may have been granted (the policy changed
-            // since, or this retry reached another node): the refusal says nothing about it.
+          if (maybeGranted) {
+            // An earlier try whose reply was lost may have been granted: an answer that is not
+            // retried (-POLICY: the policy changed since; -READONLY, -MOVED: this retry reached
+            // another node; -NOREPLICAS: the token's grant stands, unconfirmed) says nothing
+            // about that try.
             await this._forget(token);
-            throw new LockUnknown(this.key, `a retry was refused (${error.message}) after a try whose reply was lost`);
+            throw new LockUnknown(this.key, `a retry was answered (${error.message}) after a try whose reply was lost`);
           }
-          throw refused ?? error;
+          throw policyError(this.key, error) ?? error;
         }
         if (notConnected(error) && !maybeGranted) {
           throw new LockConnectionError(this.key, `could not connect, nothing was sent (${error.message})`);
@@ -295,11 +328,12 @@ class Lock {
     }
   }
 
-  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held,
-   * LockPolicyError when the server's policy refused the renewal (the lock then counts as
-   * lost, as the watchdog counts it), ioredis' ReplyError when the server renewed but could
-   * not confirm it (`NOREPLICAS the change was not acknowledged ...`, `ERR the change was not
-   * fsynced ...`): the lock is still held, on the local lease it had before. */
+  /** Renew now (the lease ends ttlMs from now); LockLost when no longer held (also when any
+   * reply, an unconfirmed one included, came after the local lease ran out), LockPolicyError
+   * when the server's policy refused the renewal (the lock then counts as lost, as the
+   * watchdog counts it), ioredis' ReplyError (without the token) when the server renewed in
+   * time but could not confirm it (`NOREPLICAS the change was not acknowledged ...`, `ERR the
+   * change was not fsynced ...`): the lock is still held, on the local lease it had before. */
   async renew() {
     const token = this._token;
     if (token === null) throw new LockError(this.key, 'not held: acquire it first');
@@ -331,7 +365,7 @@ class Lock {
     this._token = null;
     this._leaseEnd = 0;
     try {
-      const [reply, retried] = await this._call('LOCK.RELEASE', this.key, token);
+      const [reply, retried] = await this._call(token, 'LOCK.RELEASE', this.key, token);
       // A 0 after a retry may answer our own earlier release, whose reply was lost.
       if (reply !== 1 && !retried) this._markLost('LOCK.RELEASE found the token no longer holding the lock');
       return reply === 1;
@@ -372,7 +406,7 @@ class Lock {
 
   // ---- internals ----------------------------------------------------------------------------
 
-  _schedule(token, round = 0) {
+  _schedule(token, round = 0, delayMs = this.ttlMs / 3) {
     if (this._stopping) return;
     this._timer = setTimeout(() => {
       this._timer = null;
@@ -387,22 +421,25 @@ class Lock {
       }, (error) => {
         this._renewing = null;
         if (!isUnconfirmed(error)) throw error;
-        // Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the next round
-        // renews again, or finds that lease over.
-        this._schedule(token, round + 1);
+        // Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease. Renew again within
+        // it (half of what is left, at most a third of the ttl), as the Rust helper does; past
+        // it the next round finds the lease over.
+        const left = this._leaseEnd - performance.now();
+        this._schedule(token, round + 1, Math.max(0, Math.min(left / 2, this.ttlMs / 3)));
       });
-    }, this.ttlMs / 3);
+    }, delayMs);
     this._timer.unref?.();
   }
 
-  /** One command, retried as acquire is: [reply, whether it was sent more than once]. */
-  async _call(...command) {
+  /** One command carrying `token`, retried as acquire is: [reply, whether it was sent more than
+   * once]. */
+  async _call(token, ...command) {
     let retries = 0;
     let maybeSent = false;
     let giveUpAt = null;
     for (;;) {
       try {
-        return [await this.redis.call(...command), retries > 0];
+        return [await this._send(token, ...command), retries > 0];
       } catch (error) {
         if (!isRetriable(error)) throw error;
         if (notConnected(error) && !maybeSent) {
@@ -421,8 +458,9 @@ class Lock {
   }
 
   /** One renewal; the reason the lock is lost, or null when renewed. Throws the server's
-   * error when the renewal was applied but not confirmed (isUnconfirmed): the lock is still
-   * held and the local lease is left as it was. `anchored`: never send once the local lease
+   * error when the renewal was applied but not confirmed (isUnconfirmed) and answered before
+   * the local lease ran out: the lock is still held and the local lease is left as it was. Any
+   * reply after the local lease ran out, unconfirmed or not, is a loss. `anchored`: never send once the local lease
    * has ended (a late renewal could extend a lease the server ended). */
   async _renewOnce(token, anchored) {
     if (this._lostReason !== null) return this._lostReason;
@@ -432,7 +470,7 @@ class Lock {
       if (anchored && sent >= this._leaseEnd) return this._markLost('the lease ran out before the renewal was sent');
       let reply;
       try {
-        reply = await this.redis.call('LOCK.RENEW', this.key, token, this.ttlMs, ...this._durability());
+        reply = await this._send(token, 'LOCK.RENEW', this.key, token, this.ttlMs, ...this._durability());
       } catch (error) {
         const refused = policyError(this.key, error);
         if (refused) {
@@ -441,6 +479,8 @@ class Lock {
           this._refused = refused;
           return this._markLost(`renewal refused: ${error.message}`);
         }
+        // Too late, whatever it says: the lease may have ended in between.
+        if (anchored && performance.now() >= this._leaseEnd) return this._markLost('the renewal was answered after the lease ran out');
         // Renewed on the primary, not confirmed: still held, on the old lease.
         if (isUnconfirmed(error)) throw error;
         if (!isRetriable(error) || retries + 1 >= this.retry.attempts) return this._markLost(`renewal failed: ${error.message}`);
@@ -457,7 +497,17 @@ class Lock {
   /** After an acquire that may have been granted: one LOCK.RELEASE with the token, best
    * effort (the lease ends the grant otherwise). */
   async _forget(token) {
-    await this.redis.call('LOCK.RELEASE', this.key, token).catch(() => {});
+    await this._send(token, 'LOCK.RELEASE', this.key, token).catch(() => {});
+  }
+
+  /** `redis.call(...command)` for a command carrying `token`: whatever it rejects with comes
+   * without the token (withoutToken). */
+  async _send(token, ...command) {
+    try {
+      return await this.redis.call(...command);
+    } catch (error) {
+      throw withoutToken(error, token);
+    }
   }
 
   /** SYNC numreplicas timeout-ms and FSYNC timeout-ms, as asked. */

@@ -19,7 +19,7 @@ const {
 const HELPER = 'node';
 const CASES = JSON.parse(fs.readFileSync(path.join(__dirname, '../../conformance/cases.json'), 'utf8'));
 const CASE_FIELDS = new Set(['name', 'lock', 'server', 'namespaces', 'setup', 'faults', 'steps', 'unrepresentable', 'expect']);
-const LOCK_FIELDS = new Set(['ttl_ms', 'wait_ms', 'shared', 'limit', 'watchdog', 'retry_attempts']);
+const LOCK_FIELDS = new Set(['ttl_ms', 'wait_ms', 'shared', 'limit', 'watchdog', 'retry_attempts', 'sync', 'fsync_ms']);
 const EXPECT_FIELDS = new Set(['acquire', 'reason', 'message', 'namespace', 'detail', 'within_ms', 'on_lost_calls', 'sent', 'one_token']);
 const FAULT_FIELDS = new Set(['at', 'nth', 'fault', 'error']);
 /** Each step and the fields it takes besides `do`. */
@@ -54,6 +54,8 @@ after(async () => {
 function options(lock) {
   const out = { ttlMs: lock.ttl_ms, waitMs: lock.wait_ms, shared: lock.shared ?? false, limit: lock.limit, watchdog: lock.watchdog ?? false };
   if (lock.retry_attempts !== undefined) out.retry = new RetryPolicy({ attempts: lock.retry_attempts });
+  if (lock.sync !== undefined) out.sync = { replicas: lock.sync[0], timeoutMs: lock.sync[1] };
+  if (lock.fsync_ms !== undefined) out.fsyncMs = lock.fsync_ms;
   return out;
 }
 

@@ -60,8 +60,9 @@ MAX_LABEL_LEN = 128
 class LockArgumentError(ValueError):
     """A setting that makes no sense, refused before any command is sent. ``reason`` is one
     keyword, the same in every helper of this repository (clients/conformance/README.md):
-    ``ttl``, ``watchdog-ttl``, ``wait``, ``limit``, ``shared+limit``, ``retry`` or
-    ``label``."""
+    ``ttl``, ``watchdog-ttl``, ``wait``, ``limit``, ``shared+limit``, ``retry``, ``label``,
+    ``sync`` (``sync`` not None and not ``(numreplicas >= 0, timeout_ms from 1 to 2**45)``) or
+    ``fsync`` (``fsync_ms`` not None and not an integer from 1 to 2**45)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(f"{reason}: {message}")
@@ -91,8 +92,9 @@ class LockLost(LockError):
 
 class LockUnknown(LockError):
     """A request was sent but its reply was lost, and the retries (same token) ran out before
-    the outcome was known. A grant that did happen ends with its lease (the helper also tried to
-    release it)."""
+    the outcome was known, or a retry was answered by an error that says nothing about the try
+    whose reply was lost (``-POLICY``, ``-READONLY``, ``-MOVED``, ``-NOREPLICAS`` ...). A grant
+    that did happen ends with its lease (the helper also tried to release it)."""
 
 
 class LockPolicyError(LockError):
@@ -393,16 +395,17 @@ class Lock:
                 reply = self._client.execute_command(*command)
             except Exception as error:  # noqa: BLE001 - sorted by is_retriable
                 if not is_retriable(error):
-                    refused = policy_error(self.key, error)
-                    if refused is not None and maybe_granted:
-                        # An earlier try whose reply was lost may have been granted (the
-                        # policy changed since, or this retry reached another node): the
-                        # refusal says nothing about that try.
+                    if maybe_granted:
+                        # An earlier try whose reply was lost may have been granted: an answer
+                        # that is not retried (-POLICY: the policy changed since; -READONLY,
+                        # -MOVED: this retry reached another node; -NOREPLICAS: the token's
+                        # grant stands, unconfirmed) says nothing about that try.
                         self._forget(token)
                         raise LockUnknown(
                             self.key,
-                            f"a retry was refused ({error}) after a try whose reply was lost",
+                            f"a retry was answered ({error}) after a try whose reply was lost",
                         ) from error
+                    refused = policy_error(self.key, error)
                     if refused is not None:
                         raise refused from error
                     raise
@@ -484,11 +487,12 @@ class Lock:
 
     def renew(self) -> None:
         """Renew now (sets the lease to ttl_ms from now). Raises ``LockLost`` if the lock is no
-        longer held, ``LockPolicyError`` when the server's policy refused the renewal (the lock
-        then counts as lost, as the watchdog counts it), and redis-py's ``ResponseError`` when
-        the server renewed but could not confirm it (``NOREPLICAS the change was not
-        acknowledged ...``, ``the change was not fsynced ...``): the lock is still held, and
-        the local lease stays as it was. With a watchdog running there is no need to call
+        longer held (also when any reply, an unconfirmed one included, came after the local
+        lease ran out), ``LockPolicyError`` when the server's policy refused the renewal (the
+        lock then counts as lost, as the watchdog counts it), and redis-py's ``ResponseError``
+        when the server renewed in time but could not confirm it (``NOREPLICAS the change was
+        not acknowledged ...``, ``the change was not fsynced ...``): the lock is still held,
+        and the local lease stays as it was. With a watchdog running there is no need to call
         this."""
         token = self._token
         if token is None:
@@ -617,8 +621,10 @@ class Lock:
 
     def _watch(self, token: bytes) -> None:
         interval = self.ttl_ms / 3000
+        pause = interval
         reason = None
-        while not self._stopping.wait(interval):
+        while not self._stopping.wait(pause):
+            pause = interval
             self._watchdog_paused()
             with self._mutex:
                 if self._stopping.is_set():
@@ -626,9 +632,12 @@ class Lock:
                 try:
                     reason = self._renew_locked(token)
                 except rx.ResponseError as error:
-                    # Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease; the
-                    # next round renews again, or finds that lease over.
+                    # Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease. Renew
+                    # again within it (half of what is left, at most a third of the ttl), as
+                    # the Rust helper does; past it the next round finds the lease over.
                     log.warning("lock %s renewed unconfirmed: %s", _text(self.key), error)
+                    left = self._lease_end - time.monotonic()
+                    pause = max(0.0, min(left / 2, interval))
                     continue
                 finally:
                     # The refusal is the watchdog's to report (as a loss), not a later
@@ -642,8 +651,9 @@ class Lock:
     def _renew_locked(self, token: bytes, anchored: bool = True) -> Optional[str]:
         """One renewal (with retries while the lease lasts), under ``_mutex``. Returns why the
         lock is lost, or None when renewed. Raises the server's error when the renewal was
-        applied but not confirmed (``unconfirmed``): the lock is still held and the local lease
-        is left as it was. ``anchored=False``: the local lease end is not known
+        applied but not confirmed (``unconfirmed``) and answered before the local lease ran
+        out: the lock is still held and the local lease is left as it was. Any reply after the
+        local lease ran out, unconfirmed or not, is a loss. ``anchored=False``: the local lease end is not known
         yet (a grant at an unknown moment of a long wait); the server's 1 alone says the hold
         never lapsed, since RENEW finds nothing to renew once a lease has ended."""
         if self._lost_reason is not None:
@@ -665,6 +675,9 @@ class Lock:
                     refused.__cause__ = error
                     self._refused = refused
                     return self._mark_lost(f"renewal refused: {error}")
+                if anchored and time.monotonic() >= self._lease_end:
+                    # Too late, whatever it says: the lease may have ended in between.
+                    return self._mark_lost("the renewal was answered after the lease ran out")
                 if unconfirmed(error):
                     # Renewed on the primary, not confirmed: still held, on the old lease.
                     raise

@@ -28,7 +28,8 @@ CASES = Path(__file__).resolve().parents[2] / "conformance" / "cases.json"
 HELPER = "python"
 CASE_FIELDS = {"name", "lock", "server", "namespaces", "setup", "faults", "steps",
                "unrepresentable", "expect"}
-LOCK_FIELDS = {"ttl_ms", "wait_ms", "shared", "limit", "watchdog", "retry_attempts"}
+LOCK_FIELDS = {"ttl_ms", "wait_ms", "shared", "limit", "watchdog", "retry_attempts", "sync",
+               "fsync_ms"}
 EXPECT_FIELDS = {"acquire", "reason", "message", "namespace", "detail", "within_ms",
                  "on_lost_calls", "sent", "one_token"}
 FAULT_FIELDS = {"at", "nth", "fault", "error"}
@@ -175,6 +176,10 @@ class Conformance(unittest.TestCase):
             for name in ("wait_ms", "shared", "limit", "watchdog"):
                 if name in settings:
                     kwargs[name] = settings[name]
+            if "sync" in settings:
+                kwargs["sync"] = tuple(settings["sync"])
+            if "fsync_ms" in settings:
+                kwargs["fsync_ms"] = settings["fsync_ms"]
             if "retry_attempts" in settings:
                 kwargs["retry"] = RetryPolicy(attempts=settings["retry_attempts"])
             lock = Lock(client, key, settings["ttl_ms"], on_lost=calls.append, **kwargs)

@@ -12,13 +12,18 @@ pub enum LostReason {
     /// the watchdog stalled, or the server could not be reached in time). No renewal is sent
     /// after this point.
     LeaseExpired,
-    /// A renewal succeeded on the server, but its reply arrived after the local lease end: the
-    /// lock may have been free for a while, so it is not trusted any more.
+    /// A renewal's reply (a success, a renewal applied but unconfirmed under SYNC or FSYNC, or
+    /// any other answer) arrived after the local lease end: the lock may have been free for a
+    /// while, so it is not trusted any more.
     LateReply,
     /// The server refused a renewal with `-POLICY` (a lock namespace's rule, e.g. a
     /// `min-ttl` set after the grant): the lease cannot be kept as asked, since every renewal
     /// would break the same rule. The grant lasts until its current lease ends, unrenewed.
     Refused,
+    /// A renewal failed with an error that is not retried (`READONLY`: the node became a
+    /// replica; `WRONGTYPE`, ...) or its retries ran out: the lease cannot be known to be
+    /// renewed, so the lock counts as lost, as in the Python and Node.js helpers.
+    RenewalFailed,
 }
 
 impl fmt::Display for LostReason {
@@ -26,8 +31,9 @@ impl fmt::Display for LostReason {
         f.write_str(match self {
             LostReason::NotHeld => "the server says the token no longer holds the lock",
             LostReason::LeaseExpired => "the lease ran out before it could be renewed",
-            LostReason::LateReply => "a renewal was confirmed only after the lease had run out",
+            LostReason::LateReply => "a renewal was answered only after the lease had run out",
             LostReason::Refused => "the server's lock namespace policy refused the renewal",
+            LostReason::RenewalFailed => "a renewal failed, so the lease may not have been renewed",
         })
     }
 }
@@ -56,11 +62,17 @@ pub enum Invalid {
     /// A label that is empty, longer than 128 bytes, or not printable ASCII without spaces.
     /// Keyword `label`.
     Label,
+    /// A [`sync`](crate::Lock::sync) timeout of zero or above 2^45 ms (the server's bound).
+    /// Keyword `sync`.
+    Sync,
+    /// An [`fsync`](crate::Lock::fsync) timeout of zero or above 2^45 ms (the server's bound).
+    /// Keyword `fsync`.
+    Fsync,
 }
 
 impl Invalid {
     /// The keyword naming the refused setting: `ttl`, `watchdog-ttl`, `wait`, `limit`,
-    /// `shared+limit`, `retry` or `label`.
+    /// `shared+limit`, `retry`, `label`, `sync` or `fsync`.
     pub fn reason(&self) -> &'static str {
         match self {
             Invalid::Ttl => "ttl",
@@ -70,6 +82,8 @@ impl Invalid {
             Invalid::SharedWithLimit => "shared+limit",
             Invalid::Retry => "retry",
             Invalid::Label => "label",
+            Invalid::Sync => "sync",
+            Invalid::Fsync => "fsync",
         }
     }
 }
@@ -89,6 +103,8 @@ impl fmt::Display for Invalid {
             }
             Invalid::Retry => "a retry policy needs at least 1 attempt and a non-zero deadline",
             Invalid::Label => "a label is 1 to 128 bytes of printable ASCII without spaces",
+            Invalid::Sync => "the SYNC timeout must be from 1 ms to 2^45 ms",
+            Invalid::Fsync => "the FSYNC timeout must be from 1 ms to 2^45 ms",
         };
         write!(f, "{}: {why}", self.reason())
     }
@@ -109,8 +125,9 @@ pub enum Error {
     /// [`LockGuard::lost_reason`]: crate::LockGuard::lost_reason
     Lost,
     /// Acquiring gave up after the retry policy (attempts or deadline) was used up, or a retry
-    /// after a lost reply was refused with `-POLICY` (the policy changed, or the retry reached
-    /// another node: the refusal says nothing about the earlier try). A grant may
+    /// after a lost reply was answered by an error that is not retried (`-POLICY`: the policy
+    /// changed; `-READONLY`, `-MOVED`: the retry reached another node; `-NOREPLICAS` ...): that
+    /// answer says nothing about the earlier try. A grant may
     /// or may not exist on the server (a command can run even when its reply is lost): when an
     /// attempt failed with an I/O error after its request was sent, `acquire` sent one
     /// `LOCK.RELEASE` with the token before returning this (best effort: if that failed too,
@@ -145,6 +162,19 @@ pub enum Error {
     /// Any other error from the server or the connection (not retried, or retries used up
     /// outside acquire).
     Redis(redis::RedisError),
+}
+
+/// True for a renewal the server applied but could not confirm: SYNC's `NOREPLICAS the change
+/// was not acknowledged ...: a failover may lose it` or FSYNC's `ERR the change was not fsynced
+/// ...` (the Python and Node.js helpers read them alike).
+pub(crate) fn is_unconfirmed(e: &redis::RedisError) -> bool {
+    match e.code() {
+        Some("NOREPLICAS") => e.detail().is_some_and(|detail| !detail.is_empty()),
+        Some("ERR") => e
+            .detail()
+            .is_some_and(|detail| detail.starts_with("the change was not fsynced")),
+        _ => false,
+    }
 }
 
 /// True for a `-POLICY <text>` reply (a lock namespace refused the request). A bare `-POLICY`,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionLike, FromRedisValue, RedisError, RedisResult};
 
 use crate::connector::{BoxedConnection, Connector};
-use crate::error::{is_policy, Error, Invalid, LostReason};
+use crate::error::{is_policy, is_unconfirmed, Error, Invalid, LostReason};
 use crate::retry::{classify, Retry, RetryPolicy};
 
 type LostCallback = Arc<dyn Fn(LostReason) + Send + Sync>;
@@ -117,7 +117,8 @@ impl Lock {
     /// acknowledged the change. A grant they do not acknowledge in time is undone by the
     /// server, and acquire returns the server's `NOREPLICAS ...` error ([`Error::Redis`]); a
     /// renewal stays, with the same error. The timeout is sent in whole ms, rounded up; give
-    /// [`io_timeout`](Lock::io_timeout) more.
+    /// [`io_timeout`](Lock::io_timeout) more. A zero timeout, or one above 2^45 ms, is refused
+    /// by [`acquire`](Lock::acquire) ([`Invalid::Sync`]).
     pub fn sync(mut self, replicas: u32, timeout: Duration) -> Lock {
         self.durability.sync = Some((replicas, timeout));
         self
@@ -127,7 +128,8 @@ impl Lock {
     /// [`relabel`](LockGuard::relabel)'s too): the reply comes once the change is fsynced to
     /// the server's AOF. A server without `appendonly yes` answers `ERR FSYNC needs appendonly
     /// yes` ([`Error::Redis`]). The timeout is sent in whole ms, rounded up; give
-    /// [`io_timeout`](Lock::io_timeout) more.
+    /// [`io_timeout`](Lock::io_timeout) more. A zero timeout, or one above 2^45 ms, is refused
+    /// by [`acquire`](Lock::acquire) ([`Invalid::Fsync`]).
     pub fn fsync(mut self, timeout: Duration) -> Lock {
         self.durability.fsync = Some(timeout);
         self
@@ -243,6 +245,19 @@ impl Lock {
         if self.label.as_deref().is_some_and(|l| !valid_label(l)) {
             return Some(Invalid::Label);
         }
+        // As the server's SYNC and FSYNC take them: 1 ms to 2^45 ms (sent rounded up).
+        let bad_timeout =
+            |d: Duration| d.is_zero() || d.as_nanos().div_ceil(1_000_000) > u128::from(MAX_WAIT_MS);
+        if self
+            .durability
+            .sync
+            .is_some_and(|(_, timeout)| bad_timeout(timeout))
+        {
+            return Some(Invalid::Sync);
+        }
+        if self.durability.fsync.is_some_and(bad_timeout) {
+            return Some(Invalid::Fsync);
+        }
         None
     }
 
@@ -265,8 +280,9 @@ impl Lock {
     /// connection could be opened before any request was sent (nothing granted),
     /// [`Error::Unknown`] when a request was sent, its reply lost, and the retries (attempts or
     /// deadline) were used up without learning the outcome, or a retry after such a lost reply
-    /// was refused with `-POLICY` (then one `LOCK.RELEASE` with the token gives back what may
-    /// have been granted, best effort). [`Error::Policy`] when the server's lock namespaces
+    /// was answered by an error that is not retried (`-POLICY`, `-READONLY`, `-MOVED`,
+    /// `-NOREPLICAS` ...: it says nothing about the lost try; then one `LOCK.RELEASE` with the
+    /// token gives back what may have been granted, best effort). [`Error::Policy`] when the server's lock namespaces
     /// refused the request (nothing changed), also when they refused the renewal that anchors a
     /// grant after a wait longer than a tenth of the lease (the grant was released first).
     ///
@@ -350,10 +366,11 @@ impl Lock {
                     let sent = matches!(failure, Failure::Call(_));
                     let e = failure.into_error();
                     match classify(&e) {
-                        // A try whose reply was lost may have been granted (the policy changed
-                        // since, or this retry reached another node): a refusal now says
-                        // nothing about that try, so the outcome is unknown.
-                        Retry::No if maybe_granted && is_policy(&e) => {
+                        // A try whose reply was lost may have been granted: an answer that is
+                        // not retried (-POLICY: the policy changed since; -READONLY, -MOVED:
+                        // this retry reached another node; -NOREPLICAS: the token's grant
+                        // stands, unconfirmed) says nothing about that try: unknown.
+                        Retry::No if maybe_granted => {
                             self.forget(&token, conn.take().map(|(c, _)| c));
                             return Err(Error::Unknown(e));
                         }
@@ -450,7 +467,7 @@ impl Lock {
                     guard.released = true;
                     return Err(Error::NotAcquired);
                 }
-                Renewal::Failed(e) => {
+                Renewal::Failed(e) | Renewal::Unconfirmed(e) => {
                     let _ = guard.release_inner(false);
                     return Err(Error::Unknown(e));
                 }
@@ -508,6 +525,10 @@ struct RenewState {
 enum Renewal {
     Renewed(Instant),
     Lost(LostReason),
+    /// Applied on the primary, not confirmed (SYNC, FSYNC), answered before the local lease
+    /// end: still held, on the old lease.
+    Unconfirmed(RedisError),
+    /// Not retried, or the retries ran out: the lease may not have been renewed.
     Failed(RedisError),
     /// `-POLICY`: the server will refuse every renewal alike.
     Refused(RedisError),
@@ -538,6 +559,7 @@ impl Shared {
             2 => Some(LostReason::LeaseExpired),
             3 => Some(LostReason::LateReply),
             4 => Some(LostReason::Refused),
+            5 => Some(LostReason::RenewalFailed),
             _ => None,
         }
     }
@@ -549,6 +571,7 @@ impl Shared {
             LostReason::LeaseExpired => 2,
             LostReason::LateReply => 3,
             LostReason::Refused => 4,
+            LostReason::RenewalFailed => 5,
         };
         if self.lost.swap(true, Ordering::SeqCst) {
             return false;
@@ -621,6 +644,15 @@ impl Shared {
                 Err(e) => {
                     if is_policy(&e) {
                         return Renewal::Refused(e);
+                    }
+                    let reply = classify(&e) != Retry::Reconnect;
+                    if reply && anchored && Instant::now() >= lease_end {
+                        // Answered too late, whatever it says (an unconfirmed renewal too): the
+                        // lease may have ended in between.
+                        return Renewal::Lost(LostReason::LateReply);
+                    }
+                    if is_unconfirmed(&e) {
+                        return Renewal::Unconfirmed(e);
                     }
                     match classify(&e) {
                         Retry::No => return Renewal::Failed(e),
@@ -749,10 +781,17 @@ fn watchdog(shared: Arc<Shared>) {
                 shared.lose(LostReason::Refused);
                 return;
             }
-            Renewal::Failed(_) => {
-                // Try again soon, while the lease lasts; the next round marks it lost if not.
+            Renewal::Unconfirmed(_) => {
+                // Renewed, unconfirmed (NOREPLICAS, FSYNC): held on the old lease. Try again
+                // soon, while that lease lasts; the next round marks it lost if not.
                 let left = shared.lease_end().saturating_duration_since(Instant::now());
                 next = Instant::now() + (left / 2).min(interval);
+            }
+            Renewal::Failed(_) => {
+                // The lease may not have been renewed: lost, as in the Python and Node.js
+                // helpers.
+                shared.lose(LostReason::RenewalFailed);
+                return;
             }
         }
     }
@@ -825,10 +864,14 @@ impl LockGuard {
     }
 
     /// Renews the lease now (`LOCK.RENEW`: the lease ends ttl from now), for use without the
-    /// watchdog. `Err(Error::Lost)` when the server says the token no longer holds the lock, or
-    /// the local lease end passed before a renewal got through; [`Error::Policy`] when the
-    /// server's lock namespace refused it (the guard then counts as lost,
-    /// [`LostReason::Refused`], as the watchdog counts it).
+    /// watchdog. `Err(Error::Lost)` when the server says the token no longer holds the lock, the
+    /// local lease end passed before a renewal got through, any reply came after it
+    /// ([`LostReason::LateReply`]), or the renewal failed with an error that is not retried
+    /// (`READONLY` ...) or after its retries ([`LostReason::RenewalFailed`]); [`Error::Policy`]
+    /// when the server's lock namespace refused it (the guard then counts as lost,
+    /// [`LostReason::Refused`], as the watchdog counts it); [`Error::Redis`] when the server
+    /// renewed in time but could not confirm it (`NOREPLICAS the change was not acknowledged
+    /// ...`, `ERR the change was not fsynced ...`): still held, on the old lease end.
     pub fn renew(&self) -> Result<(), Error> {
         let state = lock_ignoring_poison(&self.shared.state);
         if state.stopping {
@@ -846,7 +889,11 @@ impl LockGuard {
                 self.shared.lose(reason);
                 Err(Error::Lost)
             }
-            Renewal::Failed(e) => Err(Error::Redis(e)),
+            Renewal::Unconfirmed(e) => Err(Error::Redis(e)),
+            Renewal::Failed(_) => {
+                self.shared.lose(LostReason::RenewalFailed);
+                Err(Error::Lost)
+            }
             Renewal::Refused(e) => {
                 self.shared.lose(LostReason::Refused);
                 Err(Error::from(e))

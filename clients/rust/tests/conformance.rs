@@ -47,6 +47,8 @@ const LOCK_FIELDS: &[&str] = &[
     "limit",
     "watchdog",
     "retry_attempts",
+    "sync",
+    "fsync_ms",
 ];
 const EXPECT_FIELDS: &[&str] = &[
     "acquire",
@@ -220,10 +222,21 @@ impl Runner {
         let flag = |field: &str| settings.get(field).is_some_and(|v| v == true);
         let ttl_ms = int("ttl_ms").expect("ttl_ms");
         let wait_ms = int("wait_ms");
+        // SYNC's (numreplicas, timeout-ms).
+        let sync = settings.get("sync").map(|v| {
+            let pair = v.as_array().expect("sync: [numreplicas, timeout_ms]");
+            let at = |i: usize| pair[i].as_i64().expect("an integer");
+            (at(0), at(1))
+        });
+        let fsync_ms = int("fsync_ms");
         let unrepresentable = case.get("unrepresentable").map(strings).unwrap_or_default();
-        let negative = ttl_ms < 0 || wait_ms.is_some_and(|w| w < 0);
+        let negative = ttl_ms < 0
+            || wait_ms.is_some_and(|w| w < 0)
+            || sync.is_some_and(|(replicas, ms)| replicas < 0 || ms < 0)
+            || fsync_ms.is_some_and(|ms| ms < 0);
         if unrepresentable.iter().any(|h| h == HELPER) {
-            // A Duration is never negative: the input cannot reach the helper at all.
+            // A Duration (and SYNC's u32 replicas) is never negative: the input cannot reach
+            // the helper at all.
             return if negative {
                 Ok(())
             } else {
@@ -288,6 +301,13 @@ impl Runner {
         }
         if flag("watchdog") {
             lock = lock.watchdog(true);
+        }
+        if let Some((replicas, ms)) = sync {
+            let replicas = u32::try_from(replicas).map_err(|e| e.to_string())?;
+            lock = lock.sync(replicas, Duration::from_millis(ms.unsigned_abs()));
+        }
+        if let Some(ms) = fsync_ms {
+            lock = lock.fsync(Duration::from_millis(ms.unsigned_abs()));
         }
         if let Some(attempts) = int("retry_attempts") {
             lock = lock.retry(RetryPolicy {
