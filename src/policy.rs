@@ -115,6 +115,8 @@ pub struct Rules {
     pub max_ttl: Option<u64>,
     pub max_wait: Option<u64>,
     pub label_required: bool,
+    /// A glob (`*` any run of bytes, `?` any one byte) every LABEL given must match.
+    pub label_pattern: Option<String>,
     pub session: Option<Presence>,
     pub sync: Option<u32>,
     pub fsync_required: bool,
@@ -139,12 +141,13 @@ pub struct Namespace {
 
 /// What a request asks for, as the rules read it.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Asked {
+pub struct Asked<'a> {
     /// The lease asked for (ACQUIRE, MACQUIRE, RENEW).
     pub ttl: u64,
     /// `WAIT timeout-ms` (0: no limit); `None` without WAIT.
     pub wait: Option<u64>,
-    pub label: bool,
+    /// `LABEL text`.
+    pub label: Option<&'a [u8]>,
     pub session: bool,
     /// `SYNC numreplicas ...`.
     pub sync: Option<u32>,
@@ -199,8 +202,16 @@ impl Namespace {
                 );
             }
         }
-        if rules.label_required && !asked.label {
+        if rules.label_required && asked.label.is_none() {
             return broke("label", "a LABEL is required".to_string());
+        }
+        if let (Some(pattern), Some(label)) = (&rules.label_pattern, asked.label) {
+            if !glob_matches(pattern.as_bytes(), label) {
+                return broke(
+                    "label-pattern",
+                    format!("the LABEL does not match the namespace's label-pattern {pattern}"),
+                );
+            }
         }
         match (rules.session, asked.session) {
             (Some(Presence::Required), false) => {
@@ -238,6 +249,37 @@ impl Namespace {
         }
         None
     }
+}
+
+/// True when `text` matches the glob `pattern`: `*` stands for any run of bytes (none too),
+/// `?` for any one byte, every other byte for itself. Linear in the lengths for patterns of
+/// one `*`; at most their product otherwise (both are at most 128 bytes).
+pub fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
+    // The position after the last `*` seen, and the text position it was tried at.
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p + 1, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                // The last `*` takes one more byte.
+                Some((after, at)) => {
+                    p = after;
+                    t = at + 1;
+                    star = Some((after, at + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 impl Namespace {
@@ -513,6 +555,16 @@ fn parse_namespace<'a>(
                 }
                 std::mem::replace(&mut rules.label_required, true)
             }
+            "label-pattern" => {
+                // A label is printable ASCII without spaces, up to 128 bytes: so is a pattern.
+                let valid = !value.is_empty()
+                    && value.len() <= MAX_PREFIX_LEN
+                    && value.bytes().all(|b| b.is_ascii_graphic());
+                if !valid {
+                    return Err(bad("1 to 128 printable characters without spaces or ;"));
+                }
+                rules.label_pattern.replace(value.to_string()).is_some()
+            }
             "fsync" => {
                 if value != "required" {
                     return Err(bad("required"));
@@ -597,6 +649,9 @@ pub fn settings(rules: &Rules) -> Vec<(&'static str, String)> {
     if rules.label_required {
         out.push(("label", "required".to_string()));
     }
+    if let Some(pattern) = &rules.label_pattern {
+        out.push(("label-pattern", pattern.clone()));
+    }
     if let Some(session) = rules.session {
         out.push(("session", session.word().to_string()));
     }
@@ -637,13 +692,63 @@ mod tests {
                           orders-eu prefix=orders:eu: mode=warn min-ttl=1000; \
                           payments prefix=pay: prefix={pay}: mode=warn sync=1 fsync=required";
 
-    fn exclusive(ttl: u64) -> Asked {
+    fn exclusive(ttl: u64) -> Asked<'static> {
         Asked {
             ttl,
-            label: true,
+            label: Some(b"x"),
             kind: Some(Kind::Exclusive),
             ..Asked::default()
         }
+    }
+
+    #[test]
+    fn globs_match_as_redis_patterns_do_for_star_and_question_mark() {
+        let cases: [(&str, &str, bool); 12] = [
+            ("checkout-*", "checkout-eu", true),
+            ("checkout-*", "checkout-", true),
+            ("checkout-*", "checkou", false),
+            ("*-nightly", "report-nightly", true),
+            ("*-nightly", "report-nightly-2", false),
+            ("job-??", "job-42", true),
+            ("job-??", "job-4", false),
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("**x", "yyx", true),
+            ("exact", "exact", true),
+        ];
+        for (pattern, text, matches) in cases {
+            assert_eq!(
+                glob_matches(pattern.as_bytes(), text.as_bytes()),
+                matches,
+                "{pattern} ~ {text}"
+            );
+        }
+        let policy = Policy::parse("jobs prefix=job: label=required label-pattern=batch-*")
+            .expect("a valid policy");
+        let jobs = &policy.namespaces()[0];
+        assert_eq!(
+            jobs.check(&Asked {
+                label: Some(b"cron-1"),
+                ..exclusive(1000)
+            }),
+            Some(Violation {
+                rule: "label-pattern",
+                detail: "the LABEL does not match the namespace's label-pattern batch-*".into()
+            })
+        );
+        assert_eq!(
+            jobs.check(&Asked {
+                label: Some(b"batch-7"),
+                ..exclusive(1000)
+            }),
+            None
+        );
+        assert_eq!(
+            policy.canonical(),
+            "jobs prefix=job: mode=off label=required label-pattern=batch-*"
+        );
+        assert!(Policy::parse("j prefix=j: label-pattern=").is_err());
     }
 
     #[test]
@@ -690,7 +795,7 @@ mod tests {
             })
         );
         let unlabelled = Asked {
-            label: false,
+            label: None,
             ..exclusive(1000)
         };
         assert_eq!(orders.check(&unlabelled).map(|v| v.rule), Some("label"));

@@ -176,6 +176,47 @@ fn max_reentrancy_caps_the_holds_of_one_token_in_enforce_and_counts_them_in_warn
 }
 
 #[test]
+fn label_pattern_refuses_a_label_that_does_not_match_and_only_a_label_given() {
+    let policy = "jobs prefix=job: mode=enforce label-pattern=batch-*; \
+                  loose prefix=l: mode=warn label-pattern=batch-*";
+    let server = Server::start_with(Config::default().namespaces(policy));
+    let mut c = server.conn();
+    let refused = policy_error(
+        "jobs",
+        "the LABEL does not match the namespace's label-pattern batch-*",
+    );
+    assert_eq!(
+        c.call(&["LOCK.ACQUIRE", "job:1", "t", "1000", "LABEL", "cron-1"]),
+        refused
+    );
+    assert_eq!(
+        c.call(&[
+            "LOCK.MACQUIRE",
+            "1",
+            "job:2",
+            "t",
+            "1000",
+            "LABEL",
+            "cron-1"
+        ]),
+        refused
+    );
+    assert_eq!(c.call(&["EXISTS", "job:1", "job:2"]), Reply::Int(0));
+    assert!(c
+        .call(&["LOCK.ACQUIRE", "job:1", "t", "1000", "LABEL", "batch-7"])
+        .is_int());
+    // Without label=required, a request with no LABEL meets the pattern rule.
+    assert!(c.call(&["LOCK.ACQUIRE", "job:3", "t", "1000"]).is_int());
+    // In warn mode: granted, counted.
+    assert!(c
+        .call(&["LOCK.ACQUIRE", "l:1", "t", "1000", "LABEL", "cron-1"])
+        .is_int());
+    let info = c.call(&["INFO", "lock"]).text();
+    assert!(info.contains(",refused_label_pattern=2"), "{info}");
+    assert!(info.contains(",warned_label_pattern=1"), "{info}");
+}
+
+#[test]
 fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
     let config = Config::default()
         .namespaces(POLICY)

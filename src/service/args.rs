@@ -245,11 +245,11 @@ impl AcquireOptions {
     }
 
     /// What the request asks for a lease of `ttl`, as a namespace's rules read it.
-    pub fn asked(&self, ttl: u64) -> Asked {
+    pub fn asked(&self, ttl: u64) -> Asked<'_> {
         Asked {
             ttl,
             wait: self.wait,
-            label: self.label.is_some(),
+            label: self.label.as_deref(),
             session: self.session,
             sync: self
                 .sync

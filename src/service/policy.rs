@@ -24,11 +24,12 @@ use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
 use crate::service::waiters;
 
 /// The rules a request can break, in the order of their counters.
-pub const RULES: [&str; 11] = [
+pub const RULES: [&str; 12] = [
     "min-ttl",
     "max-ttl",
     "max-wait",
     "label",
+    "label-pattern",
     "session",
     "sync",
     "fsync",
@@ -449,11 +450,11 @@ pub enum Judging {
 /// namespace in `enforce` mode refuses it; counted, and an audit line now and then, when one
 /// in `warn` mode would have. Answers the lock-delay default a namespace in `enforce` mode
 /// gives the grant (`warn` changes nothing a client sees).
-pub fn admit(
+pub fn admit<'a>(
     ctx: &Context,
     key: &RedisString,
     judging: Judging,
-    asked: impl FnOnce() -> Asked,
+    asked: impl FnOnce() -> Asked<'a>,
 ) -> Result<Option<u64>, LockError> {
     if !ANY.load(Ordering::Relaxed) {
         return Ok(None);
