@@ -4,8 +4,8 @@
 //! The load covers the command surface: exclusive, shared and permit acquires with and without
 //! WAIT, SESSION, REENTRANT, LOCKDELAY and SYNC (with the replica sometimes held back), renewals,
 //! releases and leases left to expire, LOCK.MACQUIRE / MRELEASE, LOCK.GUARD, LOCK.WAIT, clients
-//! that disconnect while holding or waiting, LABEL, LOCK.WHO and LOCK.LONGHOLDS with long holds
-//! crossing `lock.long-hold`, and "other" clients that delete, overwrite, rename,
+//! that disconnect while holding or waiting, LABEL, LOCK.WHO, LOCK.LIST and LOCK.LONGHOLDS with
+//! long holds crossing `lock.long-hold`, and "other" clients that delete, overwrite, rename,
 //! move, copy, restore and flush lock keys, or take a lock for a long lease and DEL it.
 //!
 //! Every few seconds a sample of the primary: used_memory, RSS, lock_keys against the keyspace,
@@ -99,6 +99,8 @@ struct Worker {
     rng: Rng,
     c: Conn,
     tokens: Tokens,
+    /// Where this worker's walk of LOCK.LIST is.
+    list_cursor: String,
 }
 
 impl Worker {
@@ -108,6 +110,7 @@ impl Worker {
             rng: shared.rng(salt + n),
             c: shared.conn(),
             tokens: Tokens::new(format!("{tag}{n}")),
+            list_cursor: "0".into(),
             shared,
         }
     }
@@ -293,6 +296,16 @@ fn shared_worker(shared: Arc<Shared>, n: u64) -> Option<()> {
             let count = w.rng.range(1, 20).to_string();
             w.call(&strings(&["LOCK.WHO", &key, "COUNT", &count]), None)?;
             w.call(&strings(&["LOCK.LONGHOLDS", "GET", "5"]), None)?;
+            // A page of every lock, from a cursor of its own walk.
+            let cursor = w.list_cursor.clone();
+            let page = w.call(&strings(&["LOCK.LIST", &cursor, "COUNT", &count]), None)?;
+            w.list_cursor = match &page {
+                Reply::Array(items) => items.first().map_or("0".into(), Reply::text),
+                other => {
+                    w.shared.fail(format!("LOCK.LIST answered {other:?}"));
+                    "0".into()
+                }
+            };
             continue;
         }
         let ttl = w.rng.range(100, 2_000).to_string();

@@ -19,6 +19,8 @@ const NAMES: &[&str] = &[
     "LOCK.FLOOR",
     "LOCK.WHO",
     "LOCK.LONGHOLDS",
+    "LOCK.LIST",
+    "LOCK.POLICY",
     "lock.acquire",
     "Lock.Release",
     "lock.renew",
@@ -186,9 +188,28 @@ fn sane_command(rng: &mut Rng, fences: &[i64]) -> Vec<Vec<u8>> {
             vec!["LOCK.FENCE".into(), key, fence]
         }
         5 => vec!["LOCK.WAIT".into(), key, rng.range(1, 5).to_string()],
-        6 => match rng.below(4) {
+        6 => match rng.below(6) {
             0 => vec!["LOCK.INFO".into(), key],
             1 => vec!["LOCK.WHO".into(), key],
+            4 => vec![
+                "LOCK.LIST".into(),
+                // A cursor from a walk, or any number.
+                rng.range(0, 64).to_string(),
+                "COUNT".into(),
+                rng.range(1, 20).to_string(),
+            ],
+            5 => {
+                let mut w = vec!["LOCK.LIST".into(), "0".into()];
+                for _ in 0..rng.below(3) {
+                    match rng.below(4) {
+                        0 => w.extend(["OLDER".into(), rng.range(0, 2_000).to_string()]),
+                        1 => w.push("WAITING".into()),
+                        2 => w.extend(["NAMESPACE".into(), "default".into()]),
+                        _ => w.extend(["COUNT".into(), rng.range(1, 50).to_string()]),
+                    }
+                }
+                w
+            }
             2 => vec![
                 "LOCK.WHO".into(),
                 key,
