@@ -30,39 +30,29 @@ fn namespace_info(server: &Server, name: &str) -> Option<BTreeMap<String, i64>> 
     )
 }
 
-/// The fields every test compares, from a namespace's line.
+/// The fields every test compares, in the order [`expect`] takes their values.
+const COMPARED: [&str; 9] = [
+    "held",
+    "waiters",
+    "acquired",
+    "contended",
+    "timeouts",
+    "expired",
+    "forced",
+    "refused",
+    "warned",
+];
+
+/// The compared fields of a namespace's line.
 fn counted(fields: &BTreeMap<String, i64>) -> BTreeMap<&'static str, i64> {
-    [
-        "held",
-        "waiters",
-        "acquired",
-        "contended",
-        "timeouts",
-        "expired",
-        "forced",
-        "refused",
-        "warned",
-    ]
-    .into_iter()
-    .map(|field| (field, fields[field]))
-    .collect()
+    COMPARED
+        .into_iter()
+        .map(|field| (field, fields[field]))
+        .collect()
 }
 
-fn expect(pairs: [i64; 9]) -> BTreeMap<&'static str, i64> {
-    [
-        "held",
-        "waiters",
-        "acquired",
-        "contended",
-        "timeouts",
-        "expired",
-        "forced",
-        "refused",
-        "warned",
-    ]
-    .into_iter()
-    .zip(pairs)
-    .collect()
+fn expect(values: [i64; 9]) -> BTreeMap<&'static str, i64> {
+    COMPARED.into_iter().zip(values).collect()
 }
 
 #[test]
