@@ -15,7 +15,11 @@ const POLICY: &str = "orders prefix=orders: mode=enforce max-ttl=30000; \
 
 /// The fields of `lock_namespace_<name>` in INFO lock, or `None` without that line.
 fn namespace_info(server: &Server, name: &str) -> Option<BTreeMap<String, i64>> {
-    let info = server.conn().call(&["INFO", "lock"]).text();
+    line_of(&server.conn().call(&["INFO", "lock"]).text(), name)
+}
+
+/// The fields of `lock_namespace_<name>` in the INFO text `info`.
+fn line_of(info: &str, name: &str) -> Option<BTreeMap<String, i64>> {
     let line = info
         .lines()
         .find_map(|l| l.strip_prefix(&format!("lock_namespace_{name}:")))?;
@@ -88,17 +92,20 @@ fn each_namespace_counts_what_its_locks_did_on_primary_and_replica() {
         (primary.info_int("lock_expired") == 1).then_some(())
     });
 
-    let orders = namespace_info(&primary, "orders").expect("orders line");
+    // One INFO for all three lines: their ages are taken at the same moment.
+    let info = c.call(&["INFO", "lock"]).text();
+    let orders = line_of(&info, "orders").expect("orders line");
     assert_eq!(counted(&orders), expect([2, 1, 2, 3, 1, 0, 0, 1, 0]));
     assert_eq!(orders["refused_max_ttl"], 1);
     assert!(!orders.contains_key("warned_label"), "{orders:?}");
-    let batch = namespace_info(&primary, "batch").expect("batch line");
+    let batch = line_of(&info, "batch").expect("batch line");
     assert_eq!(counted(&batch), expect([1, 0, 2, 0, 0, 1, 0, 0, 2]));
     assert_eq!(batch["warned_label"], 2);
-    let default = namespace_info(&primary, "default").expect("default line");
+    let default = line_of(&info, "default").expect("default line");
     assert_eq!(counted(&default), expect([0, 0, 1, 0, 0, 0, 1, 0, 0]));
     // The ages: orders:1 was granted first, and nobody holds in default.
-    let elapsed = started.elapsed().as_millis() as i64;
+    // (The server's ages are whole ms on both ends: one more than the test's own count.)
+    let elapsed = started.elapsed().as_millis() as i64 + 1;
     assert!(
         orders["oldest_hold_ms"] >= batch["oldest_hold_ms"],
         "{orders:?} {batch:?}"
