@@ -20,7 +20,7 @@
 //!   (a semaphore's largest LIMIT), `max-waiters=n` (the longest queue of one key),
 //!   `max-reentrancy=n` (the most holds one token may take of one lock with REENTRANT).
 //! - **Defaults** fill in what a request omits and never change what a reply means to a client
-//!   that did not ask: `lock-delay=ms`.
+//!   that did not ask: `lock-delay=ms`, `long-hold=ms` (the namespace's `lock.long-hold`).
 //! - **Mode:** `enforce` refuses a request that breaks a requirement with an error naming the
 //!   namespace and the rule, and gives its defaults; `warn` grants it as if there were no
 //!   policy and counts it; `off` (the default) does neither.
@@ -128,6 +128,8 @@ pub struct Rules {
     pub max_reentrancy: Option<u32>,
     /// A default: the lock-delay of a grant that names none.
     pub lock_delay: Option<u64>,
+    /// A default: the `lock.long-hold` of the namespace's holds.
+    pub long_hold: Option<u64>,
 }
 
 /// One namespace.
@@ -549,6 +551,7 @@ fn parse_namespace<'a>(
             "max-ttl" => rules.max_ttl.replace(ms()?).is_some(),
             "max-wait" => rules.max_wait.replace(ms()?).is_some(),
             "lock-delay" => rules.lock_delay.replace(ms()?).is_some(),
+            "long-hold" => rules.long_hold.replace(ms()?).is_some(),
             "label" => {
                 if value != "required" {
                     return Err(bad("required"));
@@ -680,6 +683,9 @@ pub fn settings(rules: &Rules) -> Vec<(&'static str, String)> {
     }
     if let Some(delay) = rules.lock_delay {
         out.push(("lock-delay", delay.to_string()));
+    }
+    if let Some(long_hold) = rules.long_hold {
+        out.push(("long-hold", long_hold.to_string()));
     }
     out
 }

@@ -217,6 +217,61 @@ fn label_pattern_refuses_a_label_that_does_not_match_and_only_a_label_given() {
 }
 
 #[test]
+fn a_namespace_long_hold_applies_to_its_holds_and_follows_a_policy_change() {
+    // lock.long-hold is off for the server; batch's holds become long after 300 ms.
+    let server = Server::start_with(
+        Config::default().namespaces("batch prefix=batch: mode=warn long-hold=300"),
+    );
+    let mut c = server.conn();
+    acquire(&mut c, "batch:1", "t", 60_000);
+    acquire(&mut c, "other", "t", 60_000);
+    wait_for("batch's hold to become long", || {
+        (server.info_int("lock_long_holds") == 1).then_some(())
+    });
+    let log = c.call(&["LOCK.LONGHOLDS", "GET"]);
+    assert_eq!(log.items().len(), 1, "{log:?}");
+    assert_eq!(fields_map(&log.items()[0])["key"], Reply::bulk("batch:1"));
+    let info = c.call(&["INFO", "lock"]).text();
+    assert!(info.contains("lock_long_hold_ms:0"), "{info}");
+    let batch = info
+        .lines()
+        .find(|l| l.starts_with("lock_namespace_batch:"))
+        .expect("batch line");
+    assert!(batch.contains(",long_hold_ms=300,"), "{batch}");
+    // The other hold becomes long once a policy gives its key a threshold: the lease index
+    // follows the change for the holds already there.
+    assert_eq!(
+        c.call(&[
+            "CONFIG",
+            "SET",
+            "lock.namespaces",
+            "batch prefix=batch: mode=warn long-hold=300; rest prefix=oth long-hold=300 mode=enforce"
+        ]),
+        Reply::status("OK")
+    );
+    wait_for("the other hold to become long", || {
+        (server.info_int("lock_long_holds") == 2).then_some(())
+    });
+    // A namespace in off mode gives no default.
+    acquire(&mut c, "quiet:1", "t", 60_000);
+    assert_eq!(
+        c.call(&[
+            "CONFIG",
+            "SET",
+            "lock.namespaces",
+            "quiet prefix=quiet: mode=off long-hold=300"
+        ]),
+        Reply::status("OK")
+    );
+    acquire(&mut c, "quiet:2", "t", 60_000);
+    let until = std::time::Instant::now() + Duration::from_millis(700);
+    while std::time::Instant::now() < until {
+        assert_eq!(server.info_int("lock_long_holds"), 2);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn warn_mode_grants_counts_and_logs_once_per_client_and_rule_a_minute() {
     let config = Config::default()
         .namespaces(POLICY)

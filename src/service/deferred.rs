@@ -58,9 +58,9 @@ struct Closed {
 }
 
 /// The walk over the keyspace after a change of `lock.namespaces` or `lock.long-hold`: each
-/// lock is put in its namespace's space (see `holds::respace`) and, after a new threshold, its
-/// lease index entry is made no later than its new crossing (see `leases::follow`; an entry
-/// that comes due early only has the lock looked at). Worked off in slices, so neither change
+/// lock is put in its namespace's space (see `holds::respace`), and its lease index entry is
+/// made no later than its crossing by its threshold now (see `leases::follow`; an entry that
+/// comes due early only has the lock looked at; a namespace may have a threshold of its own). Worked off in slices, so neither change
 /// stalls the server for a scan of millions of keys: meanwhile a lock not reached yet counts in
 /// its old namespace, and a hold that became long by the new threshold is seen when the walk
 /// reaches it (a lock that changes is looked at at once). A new change starts it again.
@@ -76,12 +76,10 @@ enum Afresh {
 /// How many ages entries one step of the merge takes before looking at the clock.
 const MERGE_STEP: usize = 1024;
 
-/// Where [`AFRESH`] is: the database and the scan of it, and whether the lease index is
-/// followed too.
+/// Where [`AFRESH`] is: the database and the scan of it.
 struct Walk {
     db: i32,
     scan: ValueScan,
-    reindex: bool,
     /// The policy change it follows (see `policy::spaces_moved`).
     generation: u64,
 }
@@ -92,13 +90,10 @@ fn follow_config_changes() {
     let moved = holds::threshold_changed();
     let respace = policy::spaces_changed();
     if moved || respace {
-        let mut state = locked(&AFRESH);
-        let reindex = moved || matches!(&*state, Some(Afresh::Walk(walk)) if walk.reindex);
-        *state = ValueScan::new().map(|scan| {
+        *locked(&AFRESH) = ValueScan::new().map(|scan| {
             Afresh::Walk(Walk {
                 db: 0,
                 scan,
-                reindex,
                 generation: policy::generation(),
             })
         });
@@ -194,12 +189,9 @@ fn afresh(ctx: &Context, started: Instant) {
                     *state = Some(Afresh::Merge);
                     continue;
                 }
-                let reindex = walk.reindex;
                 let more = walk.scan.step(ctx, &LOCK_TYPE, |key, stored: &Stored| {
                     holds::respace(stored, key);
-                    if reindex {
-                        leases::follow(ctx, stored, key);
-                    }
+                    leases::follow(ctx, stored, key);
                 });
                 if !more {
                     walk.db += 1;

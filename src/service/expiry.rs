@@ -30,7 +30,7 @@ use crate::lock::locked;
 use crate::lock::slots::{key_slot, Imports};
 use crate::service::change;
 use crate::service::value::{Stored, LOCK_TYPE};
-use crate::service::{holds, leases};
+use crate::service::{holds, leases, policy};
 
 /// How long one timer run may spend expiring locks before yielding to the event loop. Redis
 /// fires a due module timer at most once per millisecond, so while leases keep coming due the
@@ -113,7 +113,7 @@ pub fn rebuild(ctx: &Context) {
     holds::clear();
     while select_db(ctx, db) {
         scan_values::<Stored>(ctx, &LOCK_TYPE, |key, stored| {
-            if let Some(at) = stored.index_afresh() {
+            if let Some(at) = stored.index_afresh(policy::long_hold_of(key)) {
                 found.push((at, db, stored.id(), key.into()));
             }
             holds::follow(stored, key);

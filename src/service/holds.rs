@@ -175,7 +175,7 @@ pub fn cross(ctx: &Context, key: &RedisString, stored: &mut Stored, now: u64) {
     if !is_primary(ctx) {
         return;
     }
-    let crossed = stored.mark_long(now);
+    let crossed = stored.mark_long(policy::long_hold_of(key.as_slice()), now);
     if crossed.is_empty() {
         return;
     }

@@ -12,6 +12,7 @@ use crate::host::server::{is_primary, selected_db};
 use crate::host::timer::{self, Earliest};
 use crate::lock::lease_index::{Due, Entry, LeaseIndex};
 use crate::lock::locked;
+use crate::service::policy;
 use crate::service::value::{IndexPlan, Stored};
 
 struct Leases {
@@ -49,7 +50,7 @@ fn arm(ctx: &Context, leases: &mut Leases, at: u64) {
 pub fn follow(ctx: &Context, stored: &Stored, key: &[u8]) {
     let (db, id) = (selected_db(ctx), stored.id());
     let mut leases = leases();
-    let entry = match stored.index_plan() {
+    let entry = match stored.index_plan(policy::long_hold_of(key)) {
         IndexPlan::Keep => return,
         // Only a primary queues (a replica's queue would pile up: its reclaims arrive from its
         // primary, and then its entry goes).

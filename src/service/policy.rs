@@ -363,6 +363,23 @@ pub fn tally(key: &[u8], stat: Stat, n: u64) {
     });
 }
 
+/// The long-hold threshold of the holds of `key`: its namespace's `long-hold`, when the
+/// namespace sets one and is not `off`, else `lock.long-hold`.
+pub fn long_hold_of(key: &[u8]) -> u64 {
+    if ANY.load(Ordering::Relaxed) {
+        let own = with(|policy| {
+            let (namespace, _) = policy?.namespace_of(key)?;
+            (namespace.mode != Enforcement::Off)
+                .then_some(namespace.rules.long_hold)
+                .flatten()
+        });
+        if let Some(threshold) = own {
+            return threshold;
+        }
+    }
+    config::long_hold()
+}
+
 /// The space of `key` among the held locks' ages and the waiters (see `lock::ages::Space`):
 /// the one of its row's name (see [`SPACES`]); 0 without a policy.
 pub fn space_of(key: &[u8]) -> Space {
@@ -423,6 +440,13 @@ pub fn namespace_fields(
                 fields.push(("refused".into(), n(counts.refused.iter().sum())));
                 fields.push(("warned".into(), n(counts.warned.iter().sum())));
                 fields.push(("oldest_hold_ms".into(), n(oldest_hold)));
+                let long_hold = policy
+                    .namespaces()
+                    .get(row)
+                    .filter(|namespace| namespace.mode != Enforcement::Off)
+                    .and_then(|namespace| namespace.rules.long_hold)
+                    .unwrap_or_else(config::long_hold);
+                fields.push(("long_hold_ms".into(), n(long_hold)));
                 fields.push(("oldest_wait_ms".into(), n(oldest_wait)));
                 for (what, by_rule) in [("refused", &counts.refused), ("warned", &counts.warned)] {
                     for (rule, v) in RULES.iter().zip(by_rule) {

@@ -233,8 +233,8 @@ impl Stored {
     /// the entry comes due early and the lock gets a new one then. A free lock due only for
     /// reclaim is queued (a release: no search in the B-tree). Anything else earlier gets a
     /// B-tree entry. Either replaces the entry the lock had, so that it has one at most.
-    pub fn index_plan(&self) -> IndexPlan {
-        let Some(due) = self.index_time() else {
+    pub fn index_plan(&self, long_hold: u64) -> IndexPlan {
+        let Some(due) = self.index_time(long_hold) else {
             return IndexPlan::Keep;
         };
         let old = self.indexed();
@@ -249,14 +249,14 @@ impl Stored {
 
     /// When the lease index must look at this lock next: its due time, as the index can hold
     /// it (see `lease_index::entry_time`).
-    fn index_time(&self) -> Option<u64> {
-        self.due().map(lease_index::entry_time)
+    fn index_time(&self, long_hold: u64) -> Option<u64> {
+        self.due(long_hold).map(lease_index::entry_time)
     }
 
     /// Forgets this lock's entry and marks a B-tree entry at its due time, which the caller
     /// adds (rebuilding the index after loading); that time, or `None` when nothing is due.
-    pub fn index_afresh(&self) -> Option<u64> {
-        let at = self.index_time();
+    pub fn index_afresh(&self, long_hold: u64) -> Option<u64> {
+        let at = self.index_time(long_hold);
         self.set_indexed(at.map(Entry::tree));
         at
     }
@@ -285,11 +285,12 @@ impl Stored {
     }
 
     /// When the lease index should look at this lock next: the earliest lease deadline when
-    /// held (or earlier, when a hold becomes a long hold), the reclaim time when free.
-    pub fn due(&self) -> Option<u64> {
+    /// held (or earlier, when a hold becomes a long hold by `long_hold`, the threshold of its
+    /// key: see `policy::long_hold_of`), the reclaim time when free.
+    pub fn due(&self, long_hold: u64) -> Option<u64> {
         let reclaim_at = self.reclaim_at().map(NonZeroU64::get);
         match (self.lock.next_deadline(), self.wake_at()) {
-            (Some(deadline), _) => Some(match self.lock.long_due(config::long_hold()) {
+            (Some(deadline), _) => Some(match self.lock.long_due(long_hold) {
                 Some(long) => long.min(deadline),
                 None => deadline,
             }),
@@ -298,9 +299,10 @@ impl Stored {
         }
     }
 
-    /// Marks the holds that became long holds by `now` (see `Lock::mark_long`).
-    pub fn mark_long(&mut self, now: u64) -> Vec<(u64, Grant)> {
-        self.lock.mark_long(config::long_hold(), now)
+    /// Marks the holds that became long holds by `now`, by the threshold `long_hold` (see
+    /// `Lock::mark_long`).
+    pub fn mark_long(&mut self, long_hold: u64, now: u64) -> Vec<(u64, Grant)> {
+        self.lock.mark_long(long_hold, now)
     }
 
     /// For a free lock: true when its tombstone time is up at `now` (and no lock-delay runs).
@@ -573,21 +575,21 @@ mod tests {
         let mut stored = Stored::new(held_until(deadline));
         assert_eq!(stored.indexed(), None);
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Move {
                 old: None,
                 new: deadline
             }
         );
         stored.set_indexed(Some(Entry::tree(deadline)));
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.index_plan(0), IndexPlan::Keep);
         // A renewal: the entry comes due early and is looked at then.
         stored.update(|lock| set_deadline(lock, deadline + 60_000));
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.index_plan(0), IndexPlan::Keep);
         // A shorter lease moves it.
         stored.update(|lock| set_deadline(lock, deadline - 60_000));
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Move {
                 old: Some(Entry::tree(deadline)),
                 new: deadline - 60_000
@@ -596,27 +598,27 @@ mod tests {
         stored.set_indexed(Some(Entry::tree(deadline - 60_000)));
         // A release: due for reclaim only, before the deadline: queued in the entry's place.
         stored.update(|lock| lock.holder = None);
-        let reclaim = stored.due().expect("a free lock is due for reclaim");
+        let reclaim = stored.due(0).expect("a free lock is due for reclaim");
         assert!(reclaim < deadline - 60_000);
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Queue {
                 old: Some(Entry::tree(deadline - 60_000)),
                 at: reclaim
             }
         );
         stored.set_indexed(Some(Entry::queued(reclaim)));
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.index_plan(0), IndexPlan::Keep);
         // Taken again with a lease due after the reclaim: the reclaim comes due first.
         stored.update(|lock| *lock = held_until(reclaim + 1));
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.index_plan(0), IndexPlan::Keep);
         // Released again (a later reclaim), and taken again with a lease due before the queued
         // reclaim: the lease's entry replaces it.
         stored.update(|lock| lock.holder = None);
-        assert_eq!(stored.index_plan(), IndexPlan::Keep);
+        assert_eq!(stored.index_plan(0), IndexPlan::Keep);
         stored.update(|lock| *lock = held_until(reclaim - 1));
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Move {
                 old: Some(Entry::queued(reclaim)),
                 new: reclaim - 1
@@ -627,7 +629,7 @@ mod tests {
         assert_eq!(stored.entry_came_due(Entry::tree(reclaim - 1)), None);
         assert_eq!(stored.indexed(), None);
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Move {
                 old: None,
                 new: reclaim - 1
@@ -648,7 +650,7 @@ mod tests {
         for deadline in [latest, latest + 1, 1 << 62, 1 << 63, u64::MAX] {
             let stored = Stored::new(held_until(deadline));
             assert_eq!(
-                stored.index_plan(),
+                stored.index_plan(0),
                 IndexPlan::Move {
                     old: None,
                     new: latest
@@ -657,7 +659,7 @@ mod tests {
             );
             stored.set_indexed(Some(Entry::tree(latest)));
             assert_eq!(stored.indexed(), Some(Entry::tree(latest)));
-            assert_eq!(stored.index_plan(), IndexPlan::Keep);
+            assert_eq!(stored.index_plan(0), IndexPlan::Keep);
             stored.set_indexed(Some(Entry::queued(latest)));
             assert_eq!(stored.indexed(), Some(Entry::queued(latest)));
             assert_eq!(stored.index_afresh(), Some(latest));
@@ -677,9 +679,9 @@ mod tests {
             lock.holder = None;
             lock.delayed_until = now + 500;
         });
-        assert_eq!(stored.due(), Some(now + 500));
+        assert_eq!(stored.due(0), Some(now + 500));
         assert_eq!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Move {
                 old: Some(Entry::queued(now + 10_000)),
                 new: now + 500
@@ -690,7 +692,7 @@ mod tests {
         assert_eq!(stored.entry_came_due(Entry::tree(now + 500)), None);
         assert!(stored.take_wake(now + 500));
         assert!(matches!(
-            stored.index_plan(),
+            stored.index_plan(0),
             IndexPlan::Queue { old: None, .. }
         ));
     }
