@@ -662,7 +662,7 @@ mod tests {
             assert_eq!(stored.index_plan(0), IndexPlan::Keep);
             stored.set_indexed(Some(Entry::queued(latest)));
             assert_eq!(stored.indexed(), Some(Entry::queued(latest)));
-            assert_eq!(stored.index_afresh(), Some(latest));
+            assert_eq!(stored.index_afresh(0), Some(latest));
             assert_eq!(stored.indexed(), Some(Entry::tree(latest)));
         }
     }
