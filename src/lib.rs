@@ -257,7 +257,7 @@ pub static COMMANDS: &[CommandDef] = &[
         arity: -2,
         keys: Keys::None,
         summary: c"Lists the locks held or waited for, a page at a time with a cursor as SCAN: key, namespace, mode, holders, age of the oldest hold, labels, waiters; never a token; only keys the caller may read.",
-        complexity: c"O(N) for each call, where N is COUNT (and the holders and waiters of the locks listed); O(M) for a full iteration, where M is the number of keys",
+        complexity: c"O(N) for each call, where N is COUNT; O(M) for a full iteration, where M is the number of keys",
         args: &[
             ArgDef::new(c"cursor", ArgKind::Integer),
             ArgDef::new(c"namespace", ArgKind::String)

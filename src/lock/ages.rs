@@ -50,8 +50,9 @@ pub struct Ages {
     /// By space; a space beyond the end has no node.
     lists: Vec<List>,
     len: usize,
-    /// Where [`Ages::merge_aside`] stopped: a node and its lock's id.
+    /// Where [`Ages::merge_aside`] stopped: a node and its lock's id, and its list.
     merging: Option<(AgeSlot, u64)>,
+    merging_list: usize,
 }
 
 /// One namespace's held locks.
@@ -139,6 +140,7 @@ impl Ages {
             lists: Vec::new(),
             len: 0,
             merging: None,
+            merging_list: 0,
         }
     }
 
@@ -252,10 +254,17 @@ impl Ages {
     /// one pass over each, and each aside entry's memory given back.
     pub fn merge_aside(&mut self, mut budget: usize) -> bool {
         while budget > 0 {
-            let Some(list) = self.lists.iter().position(|l| !l.aside.is_empty()) else {
+            // The list it was at, else the next with anything aside: a list is looked for once
+            // per list emptied, not once per lock.
+            let from = self.merging_list.min(self.lists.len());
+            let Some(list) = (from..self.lists.len())
+                .chain(0..from)
+                .find(|l| !self.lists[*l].aside.is_empty())
+            else {
                 self.merging = None;
                 return true;
             };
+            self.merging_list = list;
             let Some(&(since, slot)) = self.lists[list].aside.first() else {
                 continue;
             };

@@ -549,6 +549,13 @@ impl Lock {
         (until > now && !self.is_held(now)).then(|| until - now)
     }
 
+    /// How many holders have a lease that has not run out at `now`: in O(1) unless some have
+    /// run out and are not expired yet.
+    pub fn live_count(&self, now: u64) -> usize {
+        usize::from(self.live_holder(now).is_some())
+            + self.group.as_deref().map_or(0, |g| g.live_count(now))
+    }
+
     /// True when a new exclusive grant can be made at `now`: nobody holds it, and no lock-delay
     /// runs.
     pub fn is_available(&self, now: u64) -> bool {

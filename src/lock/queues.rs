@@ -163,7 +163,8 @@ struct Queue<H> {
     acquirers: BTreeMap<u64, Slot<H>>,
     /// Fence waited on -> watchers by id.
     watchers: BTreeMap<u64, BTreeMap<u64, Waiter<H>>>,
-    watcher_count: usize,
+    /// The watchers' ids, in the order they came: how many, and the longest waiting.
+    watcher_ids: BTreeSet<u64>,
 }
 
 impl<H> Queue<H> {
@@ -171,12 +172,12 @@ impl<H> Queue<H> {
         Queue {
             acquirers: BTreeMap::new(),
             watchers: BTreeMap::new(),
-            watcher_count: 0,
+            watcher_ids: BTreeSet::new(),
         }
     }
 
     fn len(&self) -> usize {
-        self.acquirers.len() + self.watcher_count
+        self.acquirers.len() + self.watcher_ids.len()
     }
 }
 
@@ -299,12 +300,12 @@ impl<H> Queues<H> {
                 }
             }
             Some(fence) => {
+                queue.watcher_ids.insert(waiter.id);
                 queue
                     .watchers
                     .entry(fence)
                     .or_default()
                     .insert(waiter.id, waiter);
-                queue.watcher_count += 1;
             }
         }
         self.age_in(id, since, ages::tag_of(key), space);
@@ -339,7 +340,7 @@ impl<H> Queues<H> {
                 if group.is_empty() {
                     queue.watchers.remove(&fence);
                 }
-                queue.watcher_count -= 1;
+                queue.watcher_ids.remove(&tag.id);
                 Some(waiter)
             }
         })??;
@@ -507,11 +508,7 @@ impl<H> Queues<H> {
             return (0, None);
         };
         let first_acquirer = queue.acquirers.first_key_value().map(|(id, _)| *id);
-        let first_watcher = queue
-            .watchers
-            .values()
-            .filter_map(|group| group.first_key_value().map(|(id, _)| *id))
-            .min();
+        let first_watcher = queue.watcher_ids.first().copied();
         let first = first_acquirer.into_iter().chain(first_watcher).min();
         let since = first.and_then(|id| self.ages.get(&id)).map(|age| age.0);
         (queue.len(), since)
@@ -519,7 +516,7 @@ impl<H> Queues<H> {
 
     /// The watchers (`LOCK.WAIT`) of `key`.
     pub fn watchers_on(&self, db: i32, key: &[u8]) -> usize {
-        self.queue(db, key).map_or(0, |q| q.watcher_count)
+        self.queue(db, key).map_or(0, |q| q.watcher_ids.len())
     }
 
     /// The oldest waiter of all (acquirer or watcher): when it began waiting, and its key's tag
@@ -609,7 +606,9 @@ impl<H> Queues<H> {
                     .flat_map(BTreeMap::into_values)
                     .collect();
                 queue.watchers = kept.unwrap_or_default();
-                queue.watcher_count -= woken.len();
+                for waiter in &woken {
+                    queue.watcher_ids.remove(&waiter.id);
+                }
                 woken
             })
             .unwrap_or_default();

@@ -186,7 +186,7 @@ fn acquire(ctx: &Context, args: &[RedisString]) -> CommandResult {
             if options.reentrant {
                 let holds = stored.lock().hold_count(&token, now);
                 if holds > 0 {
-                    policy::admit_reentrant(ctx, key_name, holds)?;
+                    policy::admit_reentrant(ctx, key_name, Judging::All, holds)?;
                 }
             }
             // Queued waiters are not overtaken: only a holder may re-acquire (or downgrade).

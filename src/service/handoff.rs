@@ -26,7 +26,7 @@ use crate::lock::slots;
 use crate::metrics;
 use crate::service::acks::{self, Confirms};
 use crate::service::change::{expire_overdue, grant_key, grant_stored};
-use crate::service::policy::{self, Stat};
+use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored};
 use crate::service::waiters;
 
@@ -566,6 +566,23 @@ fn grant_head(
         return None;
     };
     let lock_id = stored.id();
+    if request.reentrant {
+        // A REENTRANT acquire that queued before its token held the lock is held to the
+        // namespace's max-reentrancy when it is served (in enforce mode: the client here is
+        // not the waiter, so warn mode has no one to name).
+        let holds = stored.lock().hold_count(&request.token, now);
+        if holds > 0 {
+            if let Err(refused) =
+                policy::admit_reentrant(ctx, key_name, Judging::EnforceOnly, holds)
+            {
+                return Some(HeadGrant {
+                    waiter: head,
+                    outcome: Err(refused),
+                    new: false,
+                });
+            }
+        }
+    }
     let outcome = grant_stored(ctx, key_name, stored, &request.grant(), now);
     let (outcome, new) = match outcome {
         Ok(

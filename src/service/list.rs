@@ -153,7 +153,7 @@ fn entry(ctx: &Context, name: &RedisString, filter: &Filter, now: u64) -> Option
     let lock = stored.lock();
     let (db, key_name) = waiters::key_ref(ctx, name);
     let (waiters_now, oldest_wait) = waiters::queues().waiting_on_since(db, &key_name);
-    let holders = lock.live_holders(now).count();
+    let holders = lock.live_count(now);
     if holders == 0 && waiters_now == 0 {
         return None;
     }

@@ -21,7 +21,7 @@ use crate::host::log_notice;
 use crate::host::server::{caller_id, is_replayed, now_ms};
 use crate::lock::ages::Space;
 use crate::policy::{settings, Asked, Enforcement, Namespace, Policy, Violation};
-use crate::service::waiters;
+use crate::service::{holds, waiters};
 
 /// The rules a request can break, in the order of their counters.
 pub const RULES: [&str; 12] = [
@@ -194,18 +194,9 @@ fn install(policy: Policy) {
     let spaces = SPACES.with(|spaces| {
         let mut spaces = spaces.borrow_mut();
         let names = row_names(policy.as_ref());
-        if spaces.len() + names.len() >= usize::from(Space::MAX) {
-            // Tens of thousands of names over the process' life: the spaces start again (locks
-            // and waiters not moved yet may count in another row until the walk moves them).
-            spaces.clear();
-        }
         names
             .iter()
-            .map(|name| {
-                // Space 0 is the one of every lock and waiter while no policy is in force.
-                let next = Space::try_from(spaces.len() + 1).unwrap_or(Space::MAX);
-                *spaces.entry((*name).to_string()).or_insert(next)
-            })
+            .map(|name| space_for(&mut spaces, name, &names))
             .collect::<Vec<Space>>()
     });
     ROW_SPACES.with(|rows| *rows.borrow_mut() = spaces);
@@ -214,6 +205,37 @@ fn install(policy: Policy) {
     // The waiters (at most one per connection) move at once; the held locks by a walk over
     // the keyspace (see `deferred`), or as they change.
     waiters::queues().respace(space_of);
+}
+
+/// The most names [`SPACES`] keeps: the held locks' ages and the waiters keep a list per
+/// space, so their number stays small whatever the number of policies over the process' life.
+const SPACES_KEPT: usize = 1024;
+
+/// The space of the row named `name` of a policy whose rows are `names`: the one it had, else
+/// a new one while fewer than [`SPACES_KEPT`] are kept, else one no row of this policy names
+/// and no held lock or waiter is in (so nothing not moved yet can count in the new row). Space
+/// 0 (every lock's while no policy is in force) when none is free, which takes more than a
+/// thousand namespaces' worth of locks left unmoved.
+fn space_for(spaces: &mut HashMap<String, Space>, name: &str, names: &[&str]) -> Space {
+    if let Some(space) = spaces.get(name) {
+        return *space;
+    }
+    if spaces.len() < SPACES_KEPT {
+        let space = Space::try_from(spaces.len() + 1).unwrap_or(0);
+        spaces.insert(name.to_string(), space);
+        return space;
+    }
+    let free = spaces
+        .iter()
+        .filter(|(kept, _)| !names.contains(&kept.as_str()))
+        .find(|(_, space)| holds::in_space(**space).0 == 0 && waiters::in_space(**space).0 == 0)
+        .map(|(kept, space)| (kept.clone(), *space));
+    let Some((kept, space)) = free else {
+        return 0;
+    };
+    spaces.remove(&kept);
+    spaces.insert(name.to_string(), space);
+    space
 }
 
 /// The space of row `row` of the policy in force.
@@ -506,11 +528,16 @@ pub fn admit_queued(
 
 /// [`admit`] for a REENTRANT acquire by a token that holds the lock `holds` times already
 /// (`max-reentrancy`).
-pub fn admit_reentrant(ctx: &Context, key: &RedisString, holds: u32) -> Result<(), LockError> {
+pub fn admit_reentrant(
+    ctx: &Context,
+    key: &RedisString,
+    judging: Judging,
+    holds: u32,
+) -> Result<(), LockError> {
     if !ANY.load(Ordering::Relaxed) {
         return Ok(());
     }
-    judged(ctx, key.as_slice(), Judging::All, |namespace| {
+    judged(ctx, key.as_slice(), judging, |namespace| {
         namespace.check_reentrancy(holds)
     })
     .map(|_| ())
