@@ -513,6 +513,7 @@ fn lock_policy_explain_says_where_each_rule_comes_from() {
             rule("max-waiters", "1000", "config lock.max-waiters"),
             rule("max-token-len", "256", "config lock.max-token-len"),
             rule("lock-delay", "0", "config lock.lock-delay"),
+            rule("long-hold", "0", "config lock.long-hold"),
         ]
     );
     let nowhere = fields_map(&c.call(&["LOCK.POLICY", "EXPLAIN", "nowhere"]));

@@ -782,6 +782,13 @@ fn explain(policy: Option<&Policy>, key: &[u8]) -> Nested {
             format!("config lock.{}", config::LOCK_DELAY.name),
         ));
     }
+    if namespaced.is_none_or(|(namespace, _)| namespace.rules.long_hold.is_none()) {
+        rules.push(rule(
+            config::LONG_HOLD.name,
+            config::LONG_HOLD.get().to_string(),
+            format!("config lock.{}", config::LONG_HOLD.name),
+        ));
+    }
     Nested::Map(vec![
         ("namespace", name),
         ("prefix", prefix),
