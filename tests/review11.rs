@@ -145,12 +145,10 @@ fn explain_names_the_long_hold_threshold_a_key_gets_and_where_it_comes_from() {
 /// `leases::follow` on every announced change), so 10,000 readers of one key cost quadratic
 /// time. The same acquires on a key with no threshold are the baseline.
 ///
-/// OPEN, not fixed yet (so left out of CI with `#[ignore]`; `cargo test --test review11 --
-/// --ignored` runs it): the same holds with the server-wide lock.long-hold set, since before
-/// namespaces. The fix needs each shared group to find its oldest hold not yet long without a
-/// pass over its holders (and `Lock::mark_long` the same); see the notes.
+/// (Fixed: a shared group keeps a bound on its oldest hold not yet long, looked for again only
+/// once a hold crossed; `Lock::mark_long` makes no pass while nothing crosses. The same held
+/// with the server-wide lock.long-hold set, since before namespaces.)
 #[test]
-#[ignore = "open: Lock::long_due and mark_long walk every holder of a shared lock"]
 fn ten_thousand_readers_cost_the_same_in_a_namespace_with_a_long_hold_threshold() {
     let server = Server::start_with(Config::default().namespaces(
         "batch prefix=batch: mode=warn long-hold=3600000; plain prefix=plain: mode=warn",

@@ -222,15 +222,27 @@ impl Lock {
     }
 
     /// When the next hold not yet announced as long becomes one, `threshold` ms after its
-    /// grant; `None` when none will (or `threshold` is 0: no long holds).
-    pub fn long_due(&self, threshold: u64) -> Option<u64> {
+    /// grant, or a time before it but after `now` (the lease index may look early, never
+    /// late); `None` when none will (or `threshold` is 0: no long holds). O(1) for a shared
+    /// lock, but for a pass over its holders once a hold crossed (see `Group::unmarked_since`).
+    pub fn long_due(&self, threshold: u64, now: u64) -> Option<u64> {
         if threshold == 0 {
             return None;
         }
-        self.all_holders()
-            .filter(|(_, h)| !h.long && h.grant.since > 0)
-            .map(|(_, h)| h.grant.since.saturating_add(threshold))
-            .min()
+        let exclusive = self
+            .holder
+            .as_ref()
+            .filter(|h| !h.long && h.grant.since > 0)
+            .map(|h| h.grant.since);
+        let shared = self
+            .group
+            .as_deref()
+            .and_then(|g| g.unmarked_since(now.saturating_sub(threshold)));
+        let since = match (exclusive, shared) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(since.saturating_add(threshold))
     }
 
     /// Marks the holds that have lasted `threshold` ms or more at `now` (or by the end of their
@@ -238,7 +250,8 @@ impl Lock {
     /// long, and returns their fences and grants.
     pub fn mark_long(&mut self, threshold: u64, now: u64) -> Vec<(u64, Grant)> {
         let mut marked = Vec::new();
-        if threshold == 0 {
+        if threshold == 0 || self.long_due(threshold, now).is_none_or(|due| due > now) {
+            // Nothing crosses by now: no pass over the holders.
             return marked;
         }
         let fence = self.fence;

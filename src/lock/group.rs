@@ -122,6 +122,7 @@ impl Group {
     pub fn push(&mut self, member: Member) {
         let deadline = member.holder.deadline;
         let long = member.holder.long;
+        let since = Some(member.holder.grant.since).filter(|since| *since > 0);
         self.prints.push(member.print);
         self.members.push(member);
         if let Some(earliest) = self.hints.earliest.get() {
@@ -129,6 +130,8 @@ impl Group {
         }
         if long {
             self.hints.long.set(Some(true));
+        } else if let (Some(bound), Some(since)) = (self.hints.unmarked.get(), since) {
+            self.hints.unmarked.set(Some(bound.min(since)));
         }
     }
 
@@ -155,6 +158,30 @@ impl Group {
         let earliest = self.members.iter().map(|m| m.holder.deadline).min()?;
         self.hints.earliest.set(Some(earliest));
         Some(earliest)
+    }
+
+    /// The earliest grant time (known) among the members not marked long, or a time no later
+    /// than it but after `fresh_after`: a member leaving or being marked keeps the kept bound a
+    /// bound, and it is looked for again (one pass over the members) only once it is no later
+    /// than `fresh_after`. So with thousands of holders a change costs O(1), and a pass is
+    /// made once per hold that becomes long. `None`: every member is marked, or of unknown
+    /// grant time.
+    pub(super) fn unmarked_since(&self, fresh_after: u64) -> Option<u64> {
+        let bound = match self.hints.unmarked.get() {
+            Some(bound) if bound > fresh_after => bound,
+            _ => {
+                let exact = self
+                    .members
+                    .iter()
+                    .filter(|m| !m.holder.long && m.holder.grant.since > 0)
+                    .map(|m| m.holder.grant.since)
+                    .min()
+                    .unwrap_or(u64::MAX);
+                self.hints.unmarked.set(Some(exact));
+                exact
+            }
+        };
+        (bound != u64::MAX).then_some(bound)
     }
 
     /// False when no member was announced as a long hold (looked for once, then kept).
@@ -203,6 +230,9 @@ pub(super) struct Hints {
     /// Whether a member may be marked long (true may be stale after it left: never false while
     /// one is).
     pub(super) long: std::cell::Cell<Option<bool>>,
+    /// See [`Group::unmarked_since`]: a time no later than the grant time of every member not
+    /// marked long (`u64::MAX`: none).
+    unmarked: std::cell::Cell<Option<u64>>,
 }
 
 impl PartialEq for Hints {
@@ -257,6 +287,59 @@ mod tests {
         // A member whose lease ran out is not live, but is still its token's member.
         assert_eq!(lock.live_member_index(&dg(b"h0"), T0 + 1000), None);
         assert!(lock.member(&dg(b"h0")).is_some());
+    }
+
+    #[test]
+    fn the_next_long_hold_is_never_late_whatever_comes_and_goes() {
+        // The exact answer, by a pass over every holder.
+        let exact = |lock: &Lock, threshold: u64| {
+            lock.all_holders()
+                .filter(|(_, h)| !h.long && h.grant.since > 0)
+                .map(|(_, h)| h.grant.since + threshold)
+                .min()
+        };
+        let threshold = 100;
+        let mut lock = Lock::default();
+        let mut fence = 0;
+        let mut now = T0;
+        let mut state = 7u64;
+        for step in 0..2_000u64 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            now += state >> 61;
+            let token = format!("h{}", (state >> 33) % 64).into_bytes();
+            match (state >> 40) % 4 {
+                0 | 1 => {
+                    if let Ok(Acquire::Granted { fence: f }) =
+                        lock.grant(&asking(&token, 10_000, Mode::Shared), fence, now)
+                    {
+                        fence = f;
+                    }
+                }
+                2 => {
+                    lock.release(&dg(&token), now);
+                }
+                _ => {
+                    lock.mark_long(threshold, now);
+                }
+            }
+            let (due, truth) = (lock.long_due(threshold, now), exact(&lock, threshold));
+            // Early is allowed, late never, and never in the past while the truth is not.
+            match (due, truth) {
+                (Some(due), Some(truth)) => {
+                    assert!(due <= truth, "step {step}: {due} after {truth}");
+                    assert!(
+                        due > now || truth <= now,
+                        "step {step}: {due} <= {now} < {truth}"
+                    );
+                }
+                // A look that finds nothing, but never in the past.
+                (Some(due), None) => assert!(due > now, "step {step}: {due} <= {now}"),
+                (None, None) => {}
+                (None, Some(truth)) => panic!("step {step}: none, but one at {truth}"),
+            }
+        }
     }
 
     #[test]

@@ -290,10 +290,13 @@ impl Stored {
     pub fn due(&self, long_hold: u64) -> Option<u64> {
         let reclaim_at = self.reclaim_at().map(NonZeroU64::get);
         match (self.lock.next_deadline(), self.wake_at()) {
-            (Some(deadline), _) => Some(match self.lock.long_due(long_hold) {
-                Some(long) => long.min(deadline),
-                None => deadline,
-            }),
+            (Some(deadline), _) => {
+                // The clock is read only when long holds are counted here.
+                let long = (long_hold > 0)
+                    .then(|| self.lock.long_due(long_hold, now_ms()))
+                    .flatten();
+                Some(long.map_or(deadline, |long| long.min(deadline)))
+            }
             (None, Some(wake)) => Some(reclaim_at.map_or(wake, |at| at.min(wake))),
             (None, None) => reclaim_at,
         }
