@@ -13,7 +13,6 @@ pub use crate::lock::grant::{
     record_connection, recorded_connection, split_connection, split_who, valid_label, Grant,
     Holder, MAX_LABEL_LEN,
 };
-use crate::lock::group::Hints;
 pub use crate::lock::group::{Group, Member, MemberChange};
 pub use crate::lock::token::TokenDigest;
 
@@ -271,7 +270,7 @@ impl Lock {
         }
         if let Some(group) = self.group.as_deref() {
             if !marked.is_empty() {
-                group.hints.long.set(None);
+                group.hints.marked();
             }
         }
         marked
@@ -279,18 +278,17 @@ impl Lock {
 
     /// The fences of the holds announced as long.
     pub fn long_fences(&self) -> Vec<u64> {
-        let members = match self.group.as_deref() {
-            Some(group) if group.maybe_long() => group.members(),
-            _ => &[],
-        };
-        let fence = self.fence;
-        let holder = self.holder.as_ref().map(|h| (fence, h));
-        holder
+        let mut fences: Vec<u64> = self
+            .holder
+            .as_ref()
+            .filter(|h| h.long)
+            .map(|_| self.fence)
             .into_iter()
-            .chain(members.iter().map(|m| (m.fence, &m.holder)))
-            .filter(|(_, h)| h.long)
-            .map(|(fence, _)| fence)
-            .collect()
+            .collect();
+        if let Some(group) = self.group.as_deref().filter(|g| g.maybe_long()) {
+            fences.extend(group.long_fences());
+        }
+        fences
     }
 
     /// True when a hold with this fence is still there (live or not).
@@ -346,8 +344,9 @@ impl Lock {
         }
         let group = self.group.as_deref_mut()?;
         let index = group.find(token, |m| m.holder.deadline > now)?;
-        // The caller may move its deadline (never its token: the fingerprints stay).
-        group.hints = Hints::default();
+        // The caller may move its deadline (never its token, its grant time or its long mark:
+        // the fingerprints and those hints stay).
+        group.hints = group.hints.after_deadlines_moved();
         group.members.get_mut(index).map(|m| &mut m.holder)
     }
 

@@ -123,6 +123,7 @@ impl Group {
         let deadline = member.holder.deadline;
         let long = member.holder.long;
         let since = Some(member.holder.grant.since).filter(|since| *since > 0);
+        let fence = member.fence;
         self.prints.push(member.print);
         self.members.push(member);
         if let Some(earliest) = self.hints.earliest.get() {
@@ -130,6 +131,9 @@ impl Group {
         }
         if long {
             self.hints.long.set(Some(true));
+            if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
+                fences.push(fence);
+            }
         } else if let (Some(bound), Some(since)) = (self.hints.unmarked.get(), since) {
             self.hints.unmarked.set(Some(bound.min(since)));
         }
@@ -141,7 +145,30 @@ impl Group {
             return None;
         }
         self.prints.remove(index);
-        Some(self.members.remove(index))
+        let member = self.members.remove(index);
+        if member.holder.long {
+            if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
+                fences.retain(|fence| *fence != member.fence);
+            }
+        }
+        Some(member)
+    }
+
+    /// The fences of the members marked long, in order: looked for once (a pass over the
+    /// members), then kept as members come, go or are marked, so a change of a lock with
+    /// thousands of holders does not pass over them all to learn which of its holds are long.
+    pub(super) fn long_fences(&self) -> Vec<u64> {
+        if let Some(fences) = self.hints.long_fences.borrow().as_ref() {
+            return fences.clone();
+        }
+        let fences: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|m| m.holder.long)
+            .map(|m| m.fence)
+            .collect();
+        self.hints.long_fences.replace(Some(fences.clone()));
+        fences
     }
 
     /// A time no later than the earliest deadline among the holders (the earliest itself when
@@ -233,6 +260,27 @@ pub(super) struct Hints {
     /// See [`Group::unmarked_since`]: a time no later than the grant time of every member not
     /// marked long (`u64::MAX`: none).
     unmarked: std::cell::Cell<Option<u64>>,
+    /// See [`Group::long_fences`]: the fences of the members marked long, in order.
+    long_fences: std::cell::RefCell<Option<Vec<u64>>>,
+}
+
+impl Hints {
+    /// The hints that still hold after members' deadlines moved (a renewal, a refresh): those
+    /// about grant times and long marks, which such changes never touch.
+    pub(super) fn after_deadlines_moved(&self) -> Hints {
+        Hints {
+            earliest: std::cell::Cell::new(None),
+            long: self.long.clone(),
+            unmarked: self.unmarked.clone(),
+            long_fences: self.long_fences.clone(),
+        }
+    }
+
+    /// Members were marked long: what is known of the long ones is looked for again.
+    pub(super) fn marked(&self) {
+        self.long.set(None);
+        self.long_fences.replace(None);
+    }
 }
 
 impl PartialEq for Hints {
@@ -340,6 +388,31 @@ mod tests {
                 (None, Some(truth)) => panic!("step {step}: none, but one at {truth}"),
             }
         }
+    }
+
+    #[test]
+    fn a_renewal_keeps_what_is_known_of_grant_times_and_long_holds() {
+        let mut lock = Lock::default();
+        let mut fence = 0;
+        for n in 0..20u64 {
+            let token = format!("r{n}").into_bytes();
+            fence = granted(lock.grant(&asking(&token, 10_000, Mode::Shared), fence, T0 + n));
+        }
+        assert_eq!(lock.long_due(100, T0), Some(T0 + 100));
+        assert_eq!(lock.mark_long(100, T0 + 101).len(), 2);
+        assert_eq!(lock.long_fences().len(), 2);
+        let group = lock.group.as_deref().expect("a group");
+        assert!(group.hints.long_fences.borrow().is_some());
+        // A renewal moves a deadline only: the bound and the long fences stay known.
+        assert!(lock.renew(&dg(b"r5"), 10_000, T0 + 102));
+        let group = lock.group.as_deref().expect("a group");
+        assert!(group.hints.unmarked.get().is_some());
+        assert!(group.hints.long_fences.borrow().is_some());
+        assert_eq!(lock.long_fences().len(), 2);
+        assert_eq!(lock.long_due(100, T0 + 102), Some(T0 + 102));
+        // A long holder leaving takes its fence out of what is kept.
+        assert_eq!(lock.release(&dg(b"r0"), T0 + 103), Some(true));
+        assert_eq!(lock.long_fences().len(), 1);
     }
 
     #[test]
