@@ -369,6 +369,72 @@ pub fn has_ttl_in_place(args: &[RedisString]) -> bool {
         .is_some_and(|ttl| duration(ttl, "ttl-ms").is_ok())
 }
 
+/// The options of `LOCK.LIST`, after the cursor.
+pub struct ListOptions {
+    /// SCAN's COUNT.
+    pub count: usize,
+    pub namespace: Option<String>,
+    pub older_ms: Option<u64>,
+    pub waiting: bool,
+}
+
+/// COUNT without the option: SCAN's own default.
+const LIST_DEFAULT_COUNT: usize = 10;
+/// The largest COUNT: the work of one call stays bounded whatever the caller asks.
+const LIST_MAX_COUNT: usize = 10_000;
+
+/// Parses `[NAMESPACE name] [OLDER ms] [WAITING] [COUNT count]`, the first at argument `first`.
+pub fn list_options(args: &[RedisString], first: usize) -> Result<ListOptions, LockError> {
+    let (mut count, mut namespace, mut older_ms) = (None, None, None);
+    let mut waiting = false;
+    let mut rest = args.iter().enumerate();
+    while let Some((at, arg)) = rest.next() {
+        let word = arg.as_slice();
+        if word.eq_ignore_ascii_case(b"COUNT") {
+            once(&count, "COUNT")?;
+            let value = value_after(&mut rest, "count", "missing")?;
+            count = Some(
+                parse_integer(value)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| (1..=LIST_MAX_COUNT).contains(n))
+                    .ok_or(LockError::BadInteger {
+                        name: "count",
+                        detail: "must be between 1 and 10000",
+                    })?,
+            );
+        } else if word.eq_ignore_ascii_case(b"NAMESPACE") {
+            once(&namespace, "NAMESPACE")?;
+            let value = value_after(&mut rest, "namespace", "missing")?;
+            namespace = Some(
+                std::str::from_utf8(value.as_slice())
+                    .map_err(|_| LockError::UnknownNamespace)?
+                    .to_string(),
+            );
+        } else if word.eq_ignore_ascii_case(b"OLDER") {
+            once(&older_ms, "OLDER")?;
+            let value = value_after(&mut rest, "older-ms", "missing")?;
+            older_ms = Some(
+                parse_integer(value)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or(LockError::BadInteger {
+                        name: "older-ms",
+                        detail: "must not be negative",
+                    })?,
+            );
+        } else if word.eq_ignore_ascii_case(b"WAITING") {
+            set_flag(&mut waiting, "WAITING")?;
+        } else {
+            return Err(unknown(first + at, "NAMESPACE, OLDER, WAITING or COUNT"));
+        }
+    }
+    Ok(ListOptions {
+        count: count.unwrap_or(LIST_DEFAULT_COUNT),
+        namespace,
+        older_ms,
+        waiting,
+    })
+}
+
 /// The options of `LOCK.WHO`, after the key.
 pub struct WhoOptions {
     /// At most this many holders and this many waiters are listed.

@@ -12,26 +12,15 @@ use crate::error::LockError;
 use crate::host::call::{scan_page, Reader};
 use crate::host::command::{reply_nested, CommandResult, Nested};
 use crate::host::keys;
-use crate::host::server::{now_ms, parse_integer};
+use crate::host::server::now_ms;
+use crate::service::args::{self, ListOptions};
 use crate::service::value::{in_key_mut, LOCK_TYPE_NAME};
 use crate::service::{holds, policy, waiters};
 
-/// COUNT without the option: SCAN's own default.
-const DEFAULT_COUNT: usize = 10;
-/// The largest COUNT: the work of one call stays bounded whatever the caller asks.
-const MAX_COUNT: usize = 10_000;
 /// The most distinct labels an entry shows, and the most holders looked at to find them (a
 /// semaphore of ten thousand holders is not walked for its labels).
 const LABELS_SHOWN: usize = 8;
 const HOLDERS_LOOKED_AT: usize = 64;
-
-/// What a call asks for.
-struct Filter {
-    count: usize,
-    namespace: Option<String>,
-    older_ms: Option<u64>,
-    waiting: bool,
-}
 
 /// `LOCK.LIST cursor [NAMESPACE name] [OLDER ms] [WAITING] [COUNT count]`.
 pub fn list(ctx: &Context, args: &[RedisString]) -> CommandResult {
@@ -39,7 +28,7 @@ pub fn list(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return Err(LockError::WrongArity);
     };
     let cursor = cursor_of(cursor)?;
-    let filter = parse(options)?;
+    let filter = args::list_options(options, 2)?;
     if let Some(name) = &filter.namespace {
         if !policy::has_row(name) {
             return Err(LockError::UnknownNamespace);
@@ -76,72 +65,8 @@ fn cursor_of(arg: &RedisString) -> Result<String, LockError> {
         })
 }
 
-fn parse(options: &[RedisString]) -> Result<Filter, LockError> {
-    let mut filter = Filter {
-        count: DEFAULT_COUNT,
-        namespace: None,
-        older_ms: None,
-        waiting: false,
-    };
-    let mut seen = [false; 4];
-    let mut once = |index: usize, name: &'static str| {
-        if std::mem::replace(&mut seen[index], true) {
-            Err(LockError::RepeatedOption(name))
-        } else {
-            Ok(())
-        }
-    };
-    let mut rest = options.iter().enumerate();
-    while let Some((at, arg)) = rest.next() {
-        let word = arg.as_slice();
-        let mut value = |name: &'static str| {
-            rest.next().map(|(_, v)| v).ok_or(LockError::BadInteger {
-                name,
-                detail: "missing",
-            })
-        };
-        if word.eq_ignore_ascii_case(b"COUNT") {
-            once(0, "COUNT")?;
-            filter.count = parse_integer(value("count")?)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| (1..=MAX_COUNT).contains(n))
-                .ok_or(LockError::BadInteger {
-                    name: "count",
-                    detail: "must be between 1 and 10000",
-                })?;
-        } else if word.eq_ignore_ascii_case(b"NAMESPACE") {
-            once(1, "NAMESPACE")?;
-            let name = value("namespace")?;
-            filter.namespace = Some(
-                std::str::from_utf8(name.as_slice())
-                    .map_err(|_| LockError::UnknownNamespace)?
-                    .to_string(),
-            );
-        } else if word.eq_ignore_ascii_case(b"OLDER") {
-            once(2, "OLDER")?;
-            filter.older_ms = Some(
-                parse_integer(value("older-ms")?)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or(LockError::BadInteger {
-                        name: "older-ms",
-                        detail: "must not be negative",
-                    })?,
-            );
-        } else if word.eq_ignore_ascii_case(b"WAITING") {
-            once(3, "WAITING")?;
-            filter.waiting = true;
-        } else {
-            return Err(LockError::UnknownOption {
-                position: at + 2,
-                expected: "NAMESPACE, OLDER, WAITING or COUNT",
-            });
-        }
-    }
-    Ok(filter)
-}
-
 /// The entry of the lock under `name`, when it is held or waited for and passes `filter`.
-fn entry(ctx: &Context, name: &RedisString, filter: &Filter, now: u64) -> Option<Nested> {
+fn entry(ctx: &Context, name: &RedisString, filter: &ListOptions, now: u64) -> Option<Nested> {
     let namespace = policy::row_name_of(name.as_slice());
     if let Some(wanted) = &filter.namespace {
         if namespace.as_deref() != Some(wanted.as_str()) {
