@@ -310,6 +310,7 @@ impl Ages {
     }
 
     /// How many locks are set aside (out of time order) in all.
+    #[cfg(test)]
     pub fn aside(&self) -> usize {
         self.lists.iter().map(|list| list.aside.len()).sum()
     }

@@ -60,10 +60,11 @@ struct Closed {
 /// The walk over the keyspace after a change of `lock.namespaces` or `lock.long-hold`: each
 /// lock is put in its namespace's space (see `holds::respace`), and its lease index entry is
 /// made no later than its crossing by its threshold now (see `leases::follow`; an entry that
-/// comes due early only has the lock looked at; a namespace may have a threshold of its own). Worked off in slices, so neither change
-/// stalls the server for a scan of millions of keys: meanwhile a lock not reached yet counts in
-/// its old namespace, and a hold that became long by the new threshold is seen when the walk
-/// reaches it (a lock that changes is looked at at once). A new change starts it again.
+/// comes due early only has the lock looked at; a namespace may have a threshold of its own).
+/// Worked off in slices, so neither change stalls the server for a scan of millions of keys:
+/// meanwhile a lock not reached yet counts in its old namespace, and a hold that became long by
+/// the new threshold is seen when the walk reaches it (a lock that changes is looked at at
+/// once). A new change starts it again.
 static AFRESH: Mutex<Option<Afresh>> = Mutex::new(None);
 
 /// The two phases of [`AFRESH`]: the walk over the keyspace, then the ages put back in time

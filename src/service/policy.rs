@@ -172,6 +172,7 @@ fn install(policy: Policy) {
     ANY.store(!policy.is_empty(), Ordering::Relaxed);
     GENERATION.fetch_add(1, Ordering::Relaxed);
     let policy = (!policy.is_empty()).then_some(policy);
+    let names = row_names(policy.as_ref());
     COUNTS.with(|archive| {
         let mut archive = archive.borrow_mut();
         HERE.with(|here| {
@@ -181,7 +182,6 @@ fn install(policy: Policy) {
                     archive.insert(name.to_string(), *counts);
                 }
             });
-            let names = row_names(policy.as_ref());
             if archive.len() > COUNTS_KEPT {
                 archive.retain(|name, _| names.contains(&name.as_str()));
             }
@@ -193,7 +193,6 @@ fn install(policy: Policy) {
     });
     let spaces = SPACES.with(|spaces| {
         let mut spaces = spaces.borrow_mut();
-        let names = row_names(policy.as_ref());
         names
             .iter()
             .map(|name| space_for(&mut spaces, name, &names))
@@ -388,18 +387,29 @@ pub fn tally(key: &[u8], stat: Stat, n: u64) {
 /// The long-hold threshold of the holds of `key`: its namespace's `long-hold`, when the
 /// namespace sets one and is not `off`, else `lock.long-hold`.
 pub fn long_hold_of(key: &[u8]) -> u64 {
-    if ANY.load(Ordering::Relaxed) {
-        let own = with(|policy| {
-            let (namespace, _) = policy?.namespace_of(key)?;
-            (namespace.mode != Enforcement::Off)
-                .then_some(namespace.rules.long_hold)
-                .flatten()
-        });
-        if let Some(threshold) = own {
-            return threshold;
-        }
+    if !ANY.load(Ordering::Relaxed) {
+        return config::long_hold();
     }
-    config::long_hold()
+    with(|policy| {
+        long_hold_in(
+            policy
+                .and_then(|policy| policy.namespace_of(key))
+                .map(|(ns, _)| ns),
+        )
+    })
+}
+
+/// The long-hold threshold of the holds in `namespace` (`None`: in none): its `long-hold`
+/// when it sets one and is not `off`, else `lock.long-hold`.
+fn own_long_hold(namespace: Option<&Namespace>) -> Option<u64> {
+    namespace
+        .filter(|namespace| namespace.mode != Enforcement::Off)
+        .and_then(|namespace| namespace.rules.long_hold)
+}
+
+/// [`own_long_hold`], or `lock.long-hold` without one.
+fn long_hold_in(namespace: Option<&Namespace>) -> u64 {
+    own_long_hold(namespace).unwrap_or_else(config::long_hold)
 }
 
 /// The space of `key` among the held locks' ages and the waiters (see `lock::ages::Space`):
@@ -417,7 +427,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 static PARTITIONED: AtomicU64 = AtomicU64::new(0);
 
 /// True (once per change) when the policy changed since the held locks were last put in their
-/// namespaces' spaces: the ages must be rebuilt from the keyspace (see `expiry::rebuild`).
+/// namespaces' spaces: the walk over the keyspace starts again (see `deferred`).
 pub fn spaces_changed() -> bool {
     let now = GENERATION.load(Ordering::Relaxed);
     PARTITIONED.swap(now, Ordering::Relaxed) != now
@@ -462,12 +472,7 @@ pub fn namespace_fields(
                 fields.push(("refused".into(), n(counts.refused.iter().sum())));
                 fields.push(("warned".into(), n(counts.warned.iter().sum())));
                 fields.push(("oldest_hold_ms".into(), n(oldest_hold)));
-                let long_hold = policy
-                    .namespaces()
-                    .get(row)
-                    .filter(|namespace| namespace.mode != Enforcement::Off)
-                    .and_then(|namespace| namespace.rules.long_hold)
-                    .unwrap_or_else(config::long_hold);
+                let long_hold = long_hold_in(policy.namespaces().get(row));
                 fields.push(("long_hold_ms".into(), n(long_hold)));
                 fields.push(("oldest_wait_ms".into(), n(oldest_wait)));
                 for (what, by_rule) in [("refused", &counts.refused), ("warned", &counts.warned)] {
@@ -782,7 +787,7 @@ fn explain(policy: Option<&Policy>, key: &[u8]) -> Nested {
             format!("config lock.{}", config::LOCK_DELAY.name),
         ));
     }
-    if namespaced.is_none_or(|(namespace, _)| namespace.rules.long_hold.is_none()) {
+    if own_long_hold(namespaced.map(|(namespace, _)| namespace)).is_none() {
         rules.push(rule(
             config::LONG_HOLD.name,
             config::LONG_HOLD.get().to_string(),
