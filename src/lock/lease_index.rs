@@ -19,7 +19,9 @@
 //! Databases are named through handles so that SWAPDB is O(1): it swaps which database two
 //! handles stand for, and every entry follows its data.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+
+use super::chunked::ChunkedMap;
 
 /// The latest time an entry can have: a lock's value marks its entry's time in 62 bits (see
 /// `service::value`).
@@ -193,7 +195,8 @@ impl ReclaimQueue {
 
 #[derive(Default)]
 pub struct LeaseIndex {
-    entries: BTreeMap<(u64, u64), Place>,
+    /// (time, lock id) -> place, in chunks that entries coming in time order fill.
+    entries: ChunkedMap<(u64, u64), Place>,
     /// `at` never decreases from front to back.
     queue: ReclaimQueue,
     /// Handle -> database number.
@@ -205,7 +208,7 @@ pub struct LeaseIndex {
 impl LeaseIndex {
     pub const fn new() -> Self {
         LeaseIndex {
-            entries: BTreeMap::new(),
+            entries: ChunkedMap::new(),
             queue: ReclaimQueue::new(),
             dbs: Vec::new(),
             handles: Vec::new(),

@@ -10,6 +10,7 @@
 //! Time is always a parameter here, so every rule is unit-tested without a server.
 
 pub mod ages;
+pub mod chunked;
 pub mod codec;
 pub mod core;
 pub mod event;

@@ -1,0 +1,360 @@
+//! An ordered map kept in chunks: runs of up to [`CAP`] entries in key order, each run one
+//! allocation, the runs themselves in a B-tree by a lower bound of their keys.
+//!
+//! The lease index holds an entry per lock with a deadline, so what an entry costs is what a
+//! held lock costs beside its value. A `BTreeMap` node has room for 11 entries and, filled in
+//! key order (as deadlines mostly come), is left a little over half full by its splits: an
+//! entry of 40 bytes took about 85. Here a chunk that is full when its last entry is passed
+//! starts a new chunk instead of splitting, so entries that come in order fill their chunks,
+//! and one of 40 bytes takes 40 plus a share of its chunk's B-tree slot.
+//!
+//! What stays true after every change:
+//! - a chunk is never empty, and its entries are in key order without repeats;
+//! - a chunk's B-tree key is at most its first entry's key, and above the last entry of the
+//!   chunk before it (a lower bound, so taking an entry from the front needs no new key);
+//! - a chunk holds at most [`CAP`] entries.
+//!
+//! Every operation finds its chunk in the B-tree (O(log n)) and moves at most a chunk's entries
+//! within it (O(CAP)). A chunk left a quarter full or less by a removal is joined with a
+//! neighbour that has room, so a map thinned out by removals does not keep a chunk for a few
+//! entries.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+
+/// Entries per chunk: 64 entries of the lease index (40 bytes each) are one 2,560-byte
+/// allocation, a size the allocator has a class for.
+pub const CAP: usize = 64;
+
+/// A chunk at most this full after a removal is joined with a neighbour, when together they
+/// fill no more than [`JOINED`].
+const SPARSE: usize = CAP / 4;
+const JOINED: usize = CAP * 3 / 4;
+
+type Chunk<K, V> = VecDeque<(K, V)>;
+
+pub struct ChunkedMap<K, V> {
+    chunks: BTreeMap<K, Chunk<K, V>>,
+    len: usize,
+}
+
+impl<K: Ord + Copy, V> Default for ChunkedMap<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: Ord + Copy, V> ChunkedMap<K, V> {
+    pub const fn new() -> Self {
+        ChunkedMap {
+            chunks: BTreeMap::new(),
+            len: 0,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The B-tree key of the chunk `key` belongs in: the last one keyed at most `key`.
+    fn chunk_of(&self, key: &K) -> Option<K> {
+        self.chunks.range(..=*key).next_back().map(|(at, _)| *at)
+    }
+
+    /// Puts `value` under `key`, returning the value it replaces.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        let at = match self.chunk_of(&key) {
+            Some(at) => at,
+            None => {
+                // Below every chunk's key: the first chunk takes it, keyed anew (its own
+                // entries are all above `key`), or a first chunk is made.
+                let chunk = match self.chunks.pop_first() {
+                    Some((_, chunk)) => chunk,
+                    None => VecDeque::with_capacity(CAP),
+                };
+                self.chunks.insert(key, chunk);
+                key
+            }
+        };
+        let chunk = self.chunks.get_mut(&at)?;
+        let place = chunk.partition_point(|(k, _)| *k < key);
+        if let Some((_, there)) = chunk.get_mut(place).filter(|(k, _)| *k == key) {
+            return Some(std::mem::replace(there, value));
+        }
+        self.len += 1;
+        if chunk.len() < CAP {
+            chunk.insert(place, (key, value));
+            return None;
+        }
+        if place == chunk.len() {
+            // Past a full chunk's last entry (every key of the next chunk is above `key`): a
+            // new chunk, so entries that come in order leave full chunks behind them.
+            let mut fresh = VecDeque::with_capacity(CAP);
+            fresh.push_back((key, value));
+            self.chunks.insert(key, fresh);
+            return None;
+        }
+        let mut right: Chunk<K, V> = VecDeque::with_capacity(CAP);
+        right.extend(chunk.drain(CAP / 2..));
+        if place <= CAP / 2 {
+            chunk.insert(place, (key, value));
+        } else {
+            right.insert(place - CAP / 2, (key, value));
+        }
+        if let Some((first, _)) = right.front() {
+            self.chunks.insert(*first, right);
+        }
+        None
+    }
+
+    /// Takes the entry under `key` out.
+    pub fn remove(&mut self, key: &K) -> Option<V> {
+        let at = self.chunk_of(key)?;
+        let chunk = self.chunks.get_mut(&at)?;
+        let place = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        let (_, value) = chunk.remove(place)?;
+        self.len -= 1;
+        let left = chunk.len();
+        if left == 0 {
+            self.chunks.remove(&at);
+        } else if left <= SPARSE {
+            self.join(at, left);
+        }
+        Some(value)
+    }
+
+    /// Joins the chunk keyed `at`, holding `len` entries, with the next chunk or else the one
+    /// before, when the two fit in [`JOINED`] entries.
+    fn join(&mut self, at: K, len: usize) {
+        let next = self
+            .chunks
+            .range((Bound::Excluded(at), Bound::Unbounded))
+            .next()
+            .map(|(k, c)| (*k, c.len()));
+        if let Some((next, _)) = next.filter(|(_, n)| len + n <= JOINED) {
+            let (Some(moved), Some(chunk)) = (self.chunks.remove(&next), self.chunks.get_mut(&at))
+            else {
+                return;
+            };
+            chunk.extend(moved);
+            return;
+        }
+        let before = self
+            .chunks
+            .range(..at)
+            .next_back()
+            .map(|(k, c)| (*k, c.len()));
+        if let Some((before, _)) = before.filter(|(_, b)| len + b <= JOINED) {
+            let Some(moved) = self.chunks.remove(&at) else {
+                return;
+            };
+            if let Some(chunk) = self.chunks.get_mut(&before) {
+                chunk.extend(moved);
+            }
+        }
+    }
+
+    /// The entry with the least key.
+    pub fn first_key_value(&self) -> Option<(&K, &V)> {
+        let (_, chunk) = self.chunks.first_key_value()?;
+        chunk.front().map(|(k, v)| (k, v))
+    }
+
+    /// Takes the entry with the least key out.
+    pub fn pop_first(&mut self) -> Option<(K, V)> {
+        let mut first = self.chunks.first_entry()?;
+        let entry = first.get_mut().pop_front();
+        if first.get().is_empty() {
+            first.remove();
+        }
+        if entry.is_some() {
+            self.len -= 1;
+        }
+        entry
+    }
+
+    /// Keeps the entries `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
+        for chunk in self.chunks.values_mut() {
+            chunk.retain(|(k, v)| keep(k, v));
+        }
+        self.chunks.retain(|_, chunk| !chunk.is_empty());
+        self.len = self.chunks.values().map(VecDeque::len).sum();
+    }
+
+    pub fn clear(&mut self) {
+        self.chunks.clear();
+        self.len = 0;
+    }
+
+    /// How many chunks hold the entries (for tests of how full they are).
+    #[cfg(test)]
+    fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Every entry in key order (for tests).
+    #[cfg(test)]
+    fn entries(&self) -> Vec<(K, &V)> {
+        self.chunks
+            .values()
+            .flat_map(|chunk| chunk.iter().map(|(k, v)| (*k, v)))
+            .collect()
+    }
+
+    /// Checks what stays true after every change (for tests).
+    #[cfg(test)]
+    fn check(&self) {
+        let mut last: Option<K> = None;
+        let mut count = 0;
+        for (at, chunk) in &self.chunks {
+            assert!(!chunk.is_empty(), "an empty chunk is kept");
+            assert!(chunk.len() <= CAP, "a chunk over its capacity");
+            if let Some(last) = last {
+                assert!(
+                    *at > last,
+                    "a chunk keyed at or below the chunk before's last entry"
+                );
+            }
+            let mut previous: Option<K> = None;
+            for (k, _) in chunk {
+                assert!(*at <= *k, "a chunk keyed above its first entry");
+                if let Some(previous) = previous {
+                    assert!(previous < *k, "entries out of order or repeated");
+                }
+                previous = Some(*k);
+                count += 1;
+            }
+            last = previous;
+        }
+        assert_eq!(count, self.len, "len counts every entry");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (xorshift), so a failing sequence can be replayed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    #[test]
+    fn entries_that_come_in_order_fill_their_chunks() {
+        let mut map = ChunkedMap::new();
+        for i in 0..10 * CAP as u64 {
+            assert_eq!(map.insert((100, i), i), None);
+        }
+        map.check();
+        assert_eq!(map.chunk_count(), 10);
+        assert_eq!(map.len(), 10 * CAP);
+    }
+
+    #[test]
+    fn acts_as_an_ordered_map_under_any_mix_of_changes() {
+        for seed in [1_u64, 7, 0x9e37_79b9, 12_345_678] {
+            let mut rng = Rng(seed);
+            let mut map = ChunkedMap::new();
+            let mut model = BTreeMap::new();
+            for step in 0..20_000_u64 {
+                let key = rng.next() % 3_000;
+                match rng.next() % 8 {
+                    0..=3 => assert_eq!(map.insert(key, step), model.insert(key, step)),
+                    4..=5 => assert_eq!(map.remove(&key), model.remove(&key)),
+                    6 => assert_eq!(map.pop_first(), model.pop_first()),
+                    _ => {
+                        // Keys past every other: the append path.
+                        let key = 3_000 + step;
+                        assert_eq!(map.insert(key, step), model.insert(key, step));
+                    }
+                }
+                assert_eq!(
+                    map.first_key_value().map(|(k, v)| (*k, *v)),
+                    model.first_key_value().map(|(k, v)| (*k, *v))
+                );
+                if step % 500 == 0 {
+                    map.check();
+                    let entries: Vec<(u64, u64)> =
+                        map.entries().into_iter().map(|(k, v)| (k, *v)).collect();
+                    let expected: Vec<(u64, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
+                    assert_eq!(entries, expected, "seed {seed}, step {step}");
+                }
+            }
+            map.retain(|k, _| k % 3 == 0);
+            model.retain(|k, _| k % 3 == 0);
+            map.check();
+            assert_eq!(map.len(), model.len());
+            while let Some(entry) = model.pop_first() {
+                assert_eq!(map.pop_first(), Some(entry));
+            }
+            assert!(map.is_empty());
+            assert_eq!(map.chunk_count(), 0);
+        }
+    }
+
+    #[test]
+    fn a_map_thinned_out_by_removals_joins_its_chunks() {
+        let mut map = ChunkedMap::new();
+        let n = 100 * CAP as u64;
+        for i in 0..n {
+            map.insert(i, ());
+        }
+        assert_eq!(map.chunk_count(), 100);
+        // Nine in ten go, spread over every chunk.
+        for i in (0..n).filter(|i| i % 10 != 0) {
+            assert_eq!(map.remove(&i), Some(()));
+        }
+        map.check();
+        assert_eq!(map.len(), (n / 10) as usize);
+        // 640 entries left: without joining, 100 chunks of 6 or 7.
+        assert!(
+            map.chunk_count() <= 25,
+            "{} chunks for {} entries",
+            map.chunk_count(),
+            map.len()
+        );
+    }
+
+    #[test]
+    fn a_key_below_every_chunk_goes_into_the_first() {
+        let mut map = ChunkedMap::new();
+        for i in 10..10 + 2 * CAP as u64 {
+            map.insert(i, i);
+        }
+        for i in (0..10).rev() {
+            map.insert(i, i);
+            map.check();
+        }
+        assert_eq!(map.first_key_value(), Some((&0, &0)));
+        assert_eq!(map.len(), 2 * CAP + 10);
+        let entries: Vec<u64> = map.entries().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(entries, (0..10 + 2 * CAP as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_full_chunk_splits_when_a_key_falls_inside_it() {
+        let mut map = ChunkedMap::new();
+        for i in 0..CAP as u64 {
+            map.insert(2 * i, ());
+        }
+        assert_eq!(map.chunk_count(), 1);
+        map.insert(41, ());
+        map.check();
+        assert_eq!(map.chunk_count(), 2);
+        assert_eq!(map.remove(&41), Some(()));
+        assert_eq!(map.remove(&41), None);
+        map.check();
+    }
+}
