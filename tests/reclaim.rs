@@ -348,3 +348,139 @@ fn a_fresh_lock_created_for_waiters_is_replicated() {
         c.call(&["DEBUG", "DIGEST"])
     );
 }
+
+/// The next propagated command that is not SELECT (MULTI included: a change sent as several
+/// effects is wrapped in one).
+fn next_effect(tap: &mut ReplicationTap) -> Vec<String> {
+    loop {
+        let command: Vec<String> = tap
+            .next_command()
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if command[0] != "SELECT" {
+            return command;
+        }
+    }
+}
+
+#[test]
+fn with_tombstone_ttl_zero_a_freeing_change_and_its_reclaim_travel_as_one_effect() {
+    let primary = server_with_tombstone_ttl("0");
+    let replica = server_with_tombstone_ttl("0");
+    replica.replicate_from(&primary);
+    let mut events = subscribe_keyspace(&replica, "k");
+    let mut tap = ReplicationTap::attach(&primary);
+    let mut p = primary.conn();
+    let first = acquire(&mut p, "k", "t", 60_000);
+    assert_eq!(next_effect(&mut tap)[0], "LOCK.APPLY");
+    assert_eq!(p.call(&["LOCK.RELEASE", "k", "t"]), Reply::Int(1));
+    assert_eq!(
+        next_effect(&mut tap),
+        ["LOCK.APPLY", "k", &format!("release:{first}::x")]
+    );
+    let forced = acquire(&mut p, "f", "t", 60_000);
+    next_effect(&mut tap);
+    assert_eq!(p.call(&["LOCK.FORCERELEASE", "f"]), Reply::Int(1));
+    assert_eq!(
+        next_effect(&mut tap),
+        ["LOCK.APPLY", "f", &format!("forcerelease:{forced}::x")]
+    );
+    let expiring = acquire(&mut p, "e", "t", 50);
+    next_effect(&mut tap);
+    assert_eq!(
+        next_effect(&mut tap),
+        ["LOCK.APPLY", "e", &format!("expired:{expiring}::x")]
+    );
+    wait_replica_caught_up(&primary, &replica);
+    // The replica announced and counted what its primary did: the release, then the deletion.
+    assert_eq!(next_event(&mut events), "lock.acquire");
+    assert_eq!(next_event(&mut events), "lock.release");
+    assert_eq!(next_event(&mut events), "del");
+    let mut r = replica.conn();
+    for server in [&primary, &replica] {
+        assert_eq!(server.info_int("lock_released"), 1);
+        assert_eq!(server.info_int("lock_forced"), 1);
+        assert_eq!(server.info_int("lock_expired"), 1);
+        assert_eq!(server.info_int("lock_reclaimed"), 3);
+        assert_eq!(server.info_int("lock_keys"), 0);
+    }
+    assert_eq!(exists(&mut r, "k"), 0);
+    assert_eq!(r.call(&["DEBUG", "DIGEST"]), p.call(&["DEBUG", "DIGEST"]));
+    // The floor kept the fences on both: the replica, promoted, grants above them.
+    let again = acquire(&mut p, "k", "t", 60_000);
+    assert!(
+        again > expiring && expiring > forced && forced > first,
+        "{first} {forced} {expiring} {again}"
+    );
+    wait_replica_caught_up(&primary, &replica);
+    assert_eq!(fence_of(&mut r, "k"), again);
+    assert_eq!(r.call(&["REPLICAOF", "NO", "ONE"]), Reply::status("OK"));
+    assert_eq!(r.call(&["LOCK.RELEASE", "k", "t"]), Reply::Int(1));
+    let promoted = acquire(&mut r, "f", "u", 60_000);
+    assert!(promoted > again, "{promoted} > {again}");
+}
+
+#[test]
+fn with_tombstone_ttl_zero_a_lock_that_is_not_reclaimed_sends_its_change_alone() {
+    let primary = server_with_tombstone_ttl("0");
+    let replica = server_with_tombstone_ttl("0");
+    replica.replicate_from(&primary);
+    let mut tap = ReplicationTap::attach(&primary);
+    let mut p = primary.conn();
+    // Handed to a waiter: the release, then the grant, no reclaim.
+    let first = acquire(&mut p, "k", "holder", 60_000);
+    next_effect(&mut tap);
+    let mut waiter = queue_waiter(&primary, "k", "waiter", 60_000, 5_000);
+    assert_eq!(p.call(&["LOCK.RELEASE", "k", "holder"]), Reply::Int(1));
+    let handed = granted(&mut waiter);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let effect = next_effect(&mut tap);
+        if effect[0] == "LOCK.APPLY" {
+            seen.push(effect[2].clone());
+        }
+    }
+    assert_eq!(seen[0], format!("release:{first}:"));
+    assert!(
+        seen[1].starts_with(&format!("acquire:{handed}:")),
+        "{seen:?}"
+    );
+    // One of two reentrant holds dropped: held still.
+    acquire(&mut p, "r", "t", 60_000);
+    let again = acquire_with(&mut p, "r", "t", 60_000, &["REENTRANT"]);
+    assert!(matches!(again, Reply::Int(_)), "{again:?}");
+    assert_eq!(p.call(&["LOCK.RELEASE", "r", "t"]), Reply::Int(1));
+    wait_replica_caught_up(&primary, &replica);
+    let mut r = replica.conn();
+    assert_eq!(state_of(&mut r, "k"), "held");
+    assert_eq!(state_of(&mut r, "r"), "held");
+    assert_eq!(r.call(&["DEBUG", "DIGEST"]), p.call(&["DEBUG", "DIGEST"]));
+}
+
+#[test]
+fn with_tombstone_ttl_zero_the_aof_replays_a_freed_and_reclaimed_lock() {
+    let server = Server::start_with(
+        Config::default()
+            .with("appendonly", "yes")
+            .with("aof-use-rdb-preamble", "no")
+            .module_arg("tombstone-ttl")
+            .module_arg("0"),
+    );
+    let mut c = server.conn();
+    let mut last = 0;
+    for i in 0..5 {
+        last = acquire(&mut c, "k", &format!("t{i}"), 60_000);
+        assert_eq!(
+            c.call(&["LOCK.RELEASE", "k", &format!("t{i}")]),
+            Reply::Int(1)
+        );
+    }
+    acquire(&mut c, "held", "t", 60_000);
+    let digest = c.call(&["DEBUG", "DIGEST"]);
+    assert_eq!(c.call(&["DEBUG", "LOADAOF"]), Reply::status("OK"));
+    assert_eq!(c.call(&["DEBUG", "DIGEST"]), digest);
+    assert_eq!(exists(&mut c, "k"), 0);
+    let after = acquire(&mut c, "k", "u", 60_000);
+    assert!(after > last, "{after} > {last}");
+}

@@ -16,7 +16,10 @@
 //!   number of holders: `event:fence:floor:e:limit:now`, then that member's state and token's
 //!   digest (it holds so now) or the digest alone (it is gone); see `Lock::apply_member`.
 //!   An exclusive holder's renewal travels as its new deadline alone:
-//!   `renew:fence:floor:n:deadline` (this release; see `Lock::apply_renewal`).
+//!   `renew:fence:floor:n:deadline` (this release; see `Lock::apply_renewal`). A change that
+//!   freed a lock the primary deleted at once (`lock.tombstone-ttl 0`) travels with the
+//!   deletion as one effect, `event:fence:floor:x` (this release), instead of the freed state
+//!   followed by `reclaim:fence:floor`.
 //!
 //! Files and streams of older releases carry the token itself: a holder's flags word says
 //! which (`FLAG_DIGEST`), and so does the member change's marker (`d`: a token, `e`: a
@@ -438,6 +441,16 @@ impl State {
         state
     }
 
+    /// The state of a change that freed the lock, which the primary deleted at once
+    /// (`lock.tombstone-ttl 0`, nobody queued): `event:fence:floor:x`, the freed state and
+    /// the reclaim after it in one effect (this release; see [`parse_reclaimed`]).
+    pub fn reclaimed(event: Event, lock: &Lock) -> State {
+        let mut state = State::head(event, lock);
+        state.push(b":");
+        state.push(RECLAIMED);
+        state
+    }
+
     /// True when the holder's token digest and `addr name label` are in the state: no
     /// argument follows it for them.
     pub fn holds_inline(&self) -> bool {
@@ -584,13 +597,63 @@ pub fn removals_effect_args(
 }
 
 /// The fourth field of an effect's state: a letter marks a kind of effect (`g` a group, `e`,
-/// `d`, `r` a member change, `n` a renewal), a number is a holder's deadline.
+/// `d`, `r` a member change, `n` a renewal, `x` a freed lock deleted), a number is a holder's
+/// deadline.
 fn marker(state: &[u8]) -> Option<&[u8]> {
     state.split(|b| *b == b':').nth(3)
 }
 
 /// The marker (fourth field) of a renewal's state (see [`State::renewal`]).
 const RENEWAL: &[u8] = b"n";
+
+/// The marker (fourth field) of a change that freed a lock followed by its reclaim (see
+/// [`State::reclaimed`]).
+const RECLAIMED: &[u8] = b"x";
+
+/// A decoded `LOCK.APPLY` of a change that freed a lock, and the lock's reclaim right after.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reclaimed {
+    /// The change that freed it: a release, a session's end, an expiry or a forced release.
+    pub event: Event,
+    /// The lock's fence, which the floor keeps once the key is gone.
+    pub fence: u64,
+    pub floor: u64,
+}
+
+/// Parses the arguments of `LOCK.APPLY` after the key when they carry a freeing change and the
+/// reclaim after it; `None` for every other effect.
+pub fn parse_reclaimed(args: &[&[u8]]) -> Option<Result<Reclaimed, LockError>> {
+    let [state, rest @ ..] = args else {
+        return None;
+    };
+    if marker(state) != Some(RECLAIMED) {
+        return None;
+    }
+    Some(reclaimed(state, rest))
+}
+
+fn reclaimed(state: &[u8], rest: &[&[u8]]) -> Result<Reclaimed, LockError> {
+    if !rest.is_empty() {
+        return Err(LockError::WrongArity);
+    }
+    let mut fields = state.split(|b| *b == b':');
+    let (event, fence, floor) = effect_head(&mut fields)?;
+    if !matches!(
+        event,
+        Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease
+    ) {
+        return Err(LockError::BadEffect("a reclaimed lock's event"));
+    }
+    fields.next();
+    if fields.next().is_some() {
+        return Err(LockError::BadEffect("extra fields"));
+    }
+    Ok(Reclaimed {
+        event,
+        fence,
+        floor,
+    })
+}
 
 /// A decoded `LOCK.APPLY` of an exclusive holder's renewal.
 #[derive(Debug, PartialEq, Eq)]
@@ -1335,6 +1398,73 @@ mod tests {
             (&[&b"renew:77::n"[..]][..], LockError::BadEffect("deadline")),
         ] {
             assert_eq!(parse_renewal(bad), Some(Err(error)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_freed_lock_deleted_at_once_travels_as_one_effect() {
+        let free = Lock {
+            fence: 77,
+            ..Lock::default()
+        };
+        let floor = floor::get().max(77);
+        let floor_field = if floor == 77 {
+            String::new()
+        } else {
+            floor.to_string()
+        };
+        for (event, word) in [
+            (Event::Release, "release"),
+            (Event::SessionEnd, "sessionend"),
+            (Event::Expired, "expired"),
+            (Event::ForceRelease, "forcerelease"),
+        ] {
+            let state = State::reclaimed(event, &free);
+            assert_eq!(
+                state.as_bytes(),
+                format!("{word}:77:{floor_field}:x").as_bytes()
+            );
+            let args = [state.as_bytes()];
+            assert_eq!(
+                parse_reclaimed(&args),
+                Some(Ok(Reclaimed {
+                    event,
+                    fence: 77,
+                    floor,
+                }))
+            );
+            // No other kind of effect; a release before this one refuses it (replicas first).
+            assert!(parse_renewal(&args).is_none());
+            assert!(parse_member_effect(&args).is_none());
+            assert_eq!(
+                parse_effect(&args),
+                Err(LockError::BadEffect("lock-delay end"))
+            );
+        }
+        // The reclaim alone, and every whole state, are not this effect.
+        let alone = effect_args(Event::Reclaim, &free);
+        let alone: Vec<&[u8]> = alone.iter().map(Vec::as_slice).collect();
+        assert!(parse_reclaimed(&alone).is_none());
+        let held = effect_args(Event::Acquire, &held_by(b"127.0.0.1:5 x x", 0));
+        let held: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
+        assert!(parse_reclaimed(&held).is_none());
+        for (bad, error) in [
+            (&[&b"release:77::x"[..], b"t"][..], LockError::WrongArity),
+            (
+                &[&b"acquire:77::x"[..]][..],
+                LockError::BadEffect("a reclaimed lock's event"),
+            ),
+            (
+                &[&b"reclaim:77::x"[..]][..],
+                LockError::BadEffect("a reclaimed lock's event"),
+            ),
+            (
+                &[&b"release:77::x:5"[..]][..],
+                LockError::BadEffect("extra fields"),
+            ),
+            (&[&b"release:x7::x"[..]][..], LockError::BadEffect("fence")),
+        ] {
+            assert_eq!(parse_reclaimed(bad), Some(Err(error)), "{bad:?}");
         }
     }
 

@@ -48,6 +48,27 @@ pub fn change_hold(
     change_of(ctx, key, stored, now, Some(token), change)
 }
 
+/// [`change`] of `stored`, the lock in `key` (of `token`'s hold alone, as [`change_hold`],
+/// when given), then [`reclaim_if_due`] when the change freed it. A lock freed and deleted at
+/// once (`lock.tombstone-ttl 0`, nobody queued) travels to replicas and the AOF as one effect,
+/// `event:fence:floor:x` (see `codec::State::reclaimed`), instead of its freed state followed
+/// by its reclaim. The lock may be deleted: `stored` must not be used after this returns.
+pub fn change_and_reclaim(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    name: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    token: Option<&TokenDigest>,
+    change: impl FnOnce(&mut Lock) -> Option<Event>,
+) -> Option<Event> {
+    let (event, held_back) = change_then(ctx, name, stored, now, token, true, change)?;
+    if event.frees() {
+        reclaim_after(ctx, key, name, now, held_back.then_some(event));
+    }
+    Some(event)
+}
+
 fn change_of(
     ctx: &Context,
     key: &RedisString,
@@ -56,6 +77,22 @@ fn change_of(
     token: Option<&TokenDigest>,
     change: impl FnOnce(&mut Lock) -> Option<Event>,
 ) -> Option<Event> {
+    change_then(ctx, key, stored, now, token, false, change).map(|(event, _)| event)
+}
+
+/// [`change_of`], which, when `reclaim_next` and the change freed a lock that is reclaimed at
+/// once, announces the change but holds its effect back for [`reclaim_after`] to send with the
+/// reclaim (true beside the event then). Nothing between here and the reclaim can make the
+/// lock unreclaimable: no acquirer is queued, and the watchers woken only read it.
+fn change_then(
+    ctx: &Context,
+    key: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    token: Option<&TokenDigest>,
+    reclaim_next: bool,
+    change: impl FnOnce(&mut Lock) -> Option<Event>,
+) -> Option<(Event, bool)> {
     let had_group = stored.lock().group.is_some();
     let long = holds::long_before(stored);
     let event = stored.update_at(now, change)?;
@@ -75,9 +112,18 @@ fn change_of(
             | Event::Expired
             | Event::SessionEnd
     );
+    let mut held_back = false;
     match token {
         Some(token) if alone && had_group && stored.lock().group.is_some() => {
             effects::propagate_hold(ctx, key, event, stored, token, now);
+        }
+        _ if reclaim_next
+            && event.frees()
+            && stored.reclaimable(now)
+            && !waiters::queued(ctx, key) =>
+        {
+            effects::announce(ctx, key, event, stored);
+            held_back = true;
         }
         _ => effects::propagate(ctx, key, event, stored),
     }
@@ -99,7 +145,7 @@ fn change_of(
         }
         hand_over(ctx, key, stored, now);
     }
-    Some(event)
+    Some((event, held_back))
 }
 
 /// After a change that freed the lock (or a permit, or made room for shared holders): lets Redis
@@ -122,6 +168,36 @@ pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now
 /// permit holders go in one pass over them, each announced and replicated on its own, and what
 /// follows a change (the lease index, the ages, the queue) is brought up to date once: a key
 /// with thousands of holders whose leases end together costs O(N), not O(N) per holder.
+/// True when the lock's exclusive holder's lease ran out by `now`.
+fn holder_overdue(stored: &Stored, now: u64) -> bool {
+    stored
+        .lock()
+        .holder
+        .as_ref()
+        .is_some_and(|h| h.deadline <= now)
+}
+
+/// Expires the exclusive holder of `stored`, whose lease ran out by `now`, and counts it. Given
+/// the lock's `key`, a lock so freed that is reclaimed at once goes with its expiry as one
+/// effect (see [`change_and_reclaim`]), and `stored` must not be used after this returns.
+fn expire_holder(
+    ctx: &Context,
+    name: &RedisString,
+    stored: &mut Stored,
+    now: u64,
+    key: Option<&RedisKeyWritable>,
+) {
+    let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
+    let expired = match key {
+        Some(key) => change_and_reclaim(ctx, key, name, stored, now, None, expire),
+        None => change(ctx, name, stored, now, expire),
+    };
+    if expired.is_some() {
+        metrics::EXPIRED.incr();
+        policy::tally(name.as_slice(), Stat::Expired, 1);
+    }
+}
+
 pub fn expire_overdue_within(
     ctx: &Context,
     key: &RedisString,
@@ -129,17 +205,8 @@ pub fn expire_overdue_within(
     now: u64,
     budget: usize,
 ) -> bool {
-    if stored
-        .lock()
-        .holder
-        .as_ref()
-        .is_some_and(|h| h.deadline <= now)
-    {
-        let expire = |lock: &mut Lock| lock.expire(now).then_some(Event::Expired);
-        if change(ctx, key, stored, now, expire).is_some() {
-            metrics::EXPIRED.incr();
-            policy::tally(key.as_slice(), Stat::Expired, 1);
-        }
+    if holder_overdue(stored, now) {
+        expire_holder(ctx, key, stored, now, None);
         return false;
     }
     if !stored.lock().is_overdue(now) {
@@ -190,22 +257,45 @@ pub fn reclaim_if_due(
     key_name: &RedisString,
     now: u64,
 ) -> bool {
+    reclaim_after(ctx, key, key_name, now, None)
+}
+
+/// [`reclaim_if_due`] right after a change `freed_by` whose effect [`change_then`] held back:
+/// sent with the reclaim as one effect, or alone first when the lock is not reclaimed after
+/// all.
+fn reclaim_after(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    key_name: &RedisString,
+    now: u64,
+    freed_by: Option<Event>,
+) -> bool {
     let Ok(Some(stored)) = in_key_mut(key) else {
         return false;
     };
-    if !stored.reclaimable(now) {
+    let queued = stored.reclaimable(now) && waiters::queued(ctx, key_name);
+    if !stored.reclaimable(now) || queued {
+        if let Some(event) = freed_by {
+            effects::replicate(ctx, key_name, event, stored);
+        }
+        if queued {
+            // Acquirers are served right after the change that freed the lock; look again
+            // later.
+            stored.postpone_reclaim(now);
+            leases::follow(ctx, stored, key_name.as_slice());
+            waiters::signal_ready(ctx, key_name);
+        }
         return false;
     }
-    if waiters::queued(ctx, key_name) {
-        // Acquirers are served right after the change that freed the lock; look again later.
-        stored.postpone_reclaim(now);
-        leases::follow(ctx, stored, key_name.as_slice());
-        waiters::signal_ready(ctx, key_name);
-        return false;
-    }
-    let state = State::of(Event::Reclaim, stored.lock());
+    let state = match freed_by {
+        Some(event) => State::reclaimed(event, stored.lock()),
+        None => State::of(Event::Reclaim, stored.lock()),
+    };
     // The value is freed by the deletion: nothing may use `stored` from here on.
     if key.delete().is_err() {
+        if let (Some(event), Ok(Some(stored))) = (freed_by, in_key_mut(key)) {
+            effects::replicate(ctx, key_name, event, stored);
+        }
         return false;
     }
     effects::announce_deleted(ctx, key_name);
@@ -231,12 +321,19 @@ pub fn visit_due(ctx: &Context, key_name: &RedisString, id: u64, entry: Entry, n
             leases::forget(id, stored.entry_came_due(entry));
             // Long holds first: a lease that ran out after its hold became long was one.
             holds::cross(ctx, key_name, stored, now);
-            // In slices: holders left overdue keep the entry due now, and the timer comes back
-            // to them after looking at the clock.
-            expire_overdue_within(ctx, key_name, stored, now, HOLDS_PER_STEP);
-            if stored.take_wake(now) {
-                // A lock-delay ended: the queue is served now.
-                hand_over(ctx, key_name, stored, now);
+            if holder_overdue(stored, now) {
+                // With the reclaim it makes due, as one effect: the lock may be gone after.
+                expire_holder(ctx, key_name, stored, now, Some(&key));
+            } else {
+                // In slices: holders left overdue keep the entry due now, and the timer comes
+                // back to them after looking at the clock.
+                expire_overdue_within(ctx, key_name, stored, now, HOLDS_PER_STEP);
+            }
+            if let Ok(Some(stored)) = in_key_mut(&key) {
+                if stored.take_wake(now) {
+                    // A lock-delay ended: the queue is served now.
+                    hand_over(ctx, key_name, stored, now);
+                }
             }
         }
         _ => return,
@@ -352,7 +449,7 @@ pub fn release_key(
     let mut released = None;
     if let Some(stored) = in_key_mut(key)? {
         expire_overdue(ctx, name, stored, now);
-        change_hold(ctx, name, stored, now, token, |lock| {
+        change_and_reclaim(ctx, key, name, stored, now, Some(token), |lock| {
             released = lock.release(token, now);
             released.map(|free| {
                 if free {
@@ -362,9 +459,6 @@ pub fn release_key(
                 }
             })
         });
-    }
-    if released == Some(true) {
-        reclaim_if_due(ctx, key, name, now);
     }
     if released.is_some() {
         metrics::RELEASED.incr();

@@ -12,7 +12,7 @@ use crate::host::server::{
     caller_id, client_id, is_loading, is_primary, is_replayed, may_block, now_ms, parse_integer,
     persistence, Connection,
 };
-use crate::lock::codec::{self, MemberEffect, Renewal};
+use crate::lock::codec::{self, MemberEffect, Reclaimed, Renewal};
 use crate::lock::core::{self, Acquire, Grant, Lock, MemberChange, Mode};
 use crate::lock::event::Event;
 use crate::lock::floor;
@@ -23,8 +23,8 @@ use crate::policy::Asked;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
 use crate::service::change::{
-    change, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
-    reclaim_if_due, release_key,
+    change_and_reclaim, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
+    release_key,
 };
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
@@ -347,7 +347,7 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
             let mut held = false;
             let mut delay_ended = false;
             // The operator's escape hatch also ends a running lock-delay.
-            let changed = change(ctx, key_name, stored, now, |lock| {
+            let changed = change_and_reclaim(ctx, &key, key_name, stored, now, None, |lock| {
                 held = lock.force_release(now);
                 delay_ended = lock.clear_delay(now);
                 (held || delay_ended).then_some(Event::ForceRelease)
@@ -364,7 +364,6 @@ fn force_release(ctx: &Context, args: &[RedisString]) -> CommandResult {
         // Counted as replicas count the replicated change: a hold freed or a lock-delay ended.
         metrics::FORCED.incr();
         policy::tally(key_name.as_slice(), Stat::Forced, 1);
-        reclaim_if_due(ctx, &key, key_name, now);
     }
     Ok(RedisValue::Integer(i64::from(freed)))
 }
@@ -513,6 +512,25 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
                 .map_err(LockError::BadEffect)
         });
     }
+    if let Some(reclaimed) = codec::parse_reclaimed(&raw_args) {
+        let Reclaimed {
+            event,
+            fence,
+            floor,
+        } = reclaimed?;
+        effects::note_floor(floor, fence);
+        let key = ctx.open_key_writable(key_name);
+        // As the primary did: the change that freed the lock (announced and counted), then the
+        // deletion, passed on once.
+        applied_here(ctx, &key, key_name, event, 1, |lock| {
+            *lock = Lock {
+                fence,
+                ..Lock::default()
+            };
+            Ok(())
+        })?;
+        return apply_reclaim(ctx, &key, key_name);
+    }
     let effect = codec::parse_effect(&raw_args)?;
     effects::note_floor(effect.floor, effect.lock.fence);
     let key = ctx.open_key_writable(key_name);
@@ -560,6 +578,20 @@ fn applied(
     times: usize,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
+    applied_here(ctx, key, key_name, event, times, change)?;
+    ctx.replicate_verbatim();
+    Ok(RedisValue::SimpleStringStatic("OK"))
+}
+
+/// [`applied`] without passing the effect on.
+fn applied_here(
+    ctx: &Context,
+    key: &RedisKeyWritable,
+    key_name: &RedisString,
+    event: Event,
+    times: usize,
+    change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
+) -> Result<(), LockError> {
     let (old_fence, created) = match in_key_mut(key)? {
         Some(stored) => {
             let old_fence = stored.lock().fence;
@@ -604,8 +636,7 @@ fn applied(
     }
     effects::announce_times(ctx, key_name, event, stored, times);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
-    ctx.replicate_verbatim();
-    Ok(RedisValue::SimpleStringStatic("OK"))
+    Ok(())
 }
 
 /// The primary deleted a free lock: so does the replica (or the AOF replay).

@@ -75,6 +75,12 @@ pub fn announce_deleted(ctx: &Context, key: &RedisString) {
 /// On the primary: announces a change and sends it to replicas and the AOF.
 pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
     announce(ctx, key, event, stored);
+    replicate(ctx, key, event, stored);
+}
+
+/// On the primary: sends a change already announced to replicas and the AOF (the second half
+/// of [`propagate`]).
+pub fn replicate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
     let lock = stored.lock();
     if lock.group.is_some() {
         // Shared or permit holders: one state and token per holder.
