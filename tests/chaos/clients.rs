@@ -656,13 +656,17 @@ pub fn fences_now(server: &Server, keys: &[String]) -> HashMap<String, u64> {
 }
 
 /// The fence `key` shows; for a key that is gone (a free lock reclaimed after
-/// `lock.tombstone-ttl`), the fence its next grant gets, taken and released at once by a probe:
-/// what must not go back is the fence a holder can get.
+/// `lock.tombstone-ttl`) or shows fence 0 (a fresh lock made for acquirers queued on a key
+/// just deleted, never granted: with `lock.tombstone-ttl 0` a failover can come before its
+/// grant), the fence its next grant gets, taken and released at once by a probe: what must not
+/// go back is the fence a holder can get.
 fn fence_now(conn: &mut Conn, key: &str) -> u64 {
     for _ in 0..100 {
         if let Some(fields) = lock_info(conn, key) {
             if let Some((_, fence)) = fields.into_iter().find(|(n, _)| n == "fence") {
-                return fence.int() as u64;
+                if fence.int() > 0 {
+                    return fence.int() as u64;
+                }
             }
         }
         if let Reply::Int(fence) = conn.call(&["LOCK.ACQUIRE", key, "i4-probe", "1000"]) {

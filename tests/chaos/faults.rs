@@ -10,13 +10,39 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-fn kill9(fsync: &str, fsync_ack: Option<u64>) -> Report {
+/// The module's `lock.tombstone-ttl` in a scenario: the default, or 0 (a freed lock is deleted
+/// at once, and the floor alone keeps its fences).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tombstones {
+    Kept,
+    None,
+}
+
+impl Tombstones {
+    fn config(self, config: Config) -> Config {
+        match self {
+            Tombstones::Kept => config,
+            Tombstones::None => config.module_arg("tombstone-ttl").module_arg("0"),
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Tombstones::Kept => "",
+            Tombstones::None => "-tombstone-ttl-0",
+        }
+    }
+}
+
+fn kill9(fsync: &str, fsync_ack: Option<u64>, tombstones: Tombstones) -> Report {
     let p = params();
     let started = Instant::now();
-    let config = Config::default()
-        .with("appendonly", "yes")
-        .with("appendfsync", fsync)
-        .with("aof-use-rdb-preamble", "yes");
+    let config = tombstones.config(
+        Config::default()
+            .with("appendonly", "yes")
+            .with("appendfsync", fsync)
+            .with("aof-use-rdb-preamble", "yes"),
+    );
     let mut server = Server::start_with(config);
     let mut load = standard_load("k9");
     load.fsync_ack = fsync_ack;
@@ -43,15 +69,22 @@ fn kill9(fsync: &str, fsync_ack: Option<u64>) -> Report {
     });
     logs.push(server.log());
     let name = match fsync_ack {
-        Some(_) => format!("kill9-{fsync}-fsync-option"),
-        None => format!("kill9-{fsync}"),
+        Some(_) => format!("kill9-{fsync}-fsync-option{}", tombstones.suffix()),
+        None => format!("kill9-{fsync}{}", tombstones.suffix()),
     };
     report(&name, &sh, started, &logs)
 }
 
 #[test]
 fn kill9_restart_appendfsync_always() {
-    kill9("always", None).finish(&[1, 2, 3, 4, 5]);
+    kill9("always", None, Tombstones::Kept).finish(&[1, 2, 3, 4, 5]);
+}
+
+/// The same with `lock.tombstone-ttl 0`: a lock freed is deleted in the same effect, and its
+/// fences after the restart rest on the floor the AOF kept.
+#[test]
+fn kill9_restart_appendfsync_always_tombstone_ttl_0() {
+    kill9("always", None, Tombstones::None).finish(&[1, 2, 3, 4, 5]);
 }
 
 /// `appendfsync no` (Redis never fsyncs), and every ACQUIRE and RENEW with `FSYNC 500`: a grant
@@ -60,7 +93,7 @@ fn kill9_restart_appendfsync_always() {
 /// against a machine crash, which the suite cannot simulate.)
 #[test]
 fn kill9_restart_appendfsync_no_with_fsync_on_each_grant() {
-    kill9("no", Some(500)).finish(&[1, 2, 3, 4, 5]);
+    kill9("no", Some(500), Tombstones::Kept).finish(&[1, 2, 3, 4, 5]);
 }
 
 /// `appendfsync everysec` may lose the last second of grants on a crash (README); a `kill -9`
@@ -68,7 +101,7 @@ fn kill9_restart_appendfsync_no_with_fsync_on_each_grant() {
 /// kernel are lost. Violations are reported, not failed on, except I1 and I5.
 #[test]
 fn kill9_restart_appendfsync_everysec() {
-    kill9("everysec", None).finish(&[1, 5]);
+    kill9("everysec", None, Tombstones::Kept).finish(&[1, 5]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,17 +238,19 @@ enum Confirm {
     Sync(u64),
 }
 
-fn failover(confirm: Confirm) -> Report {
+fn failover(confirm: Confirm, tombstones: Tombstones) -> Report {
     let p = params();
     let started = Instant::now();
-    let mut primary = Server::start();
-    let mut replica = Server::start();
+    let start = || Server::start_with(tombstones.config(Config::default()));
+    let mut primary = start();
+    let mut replica = start();
     link(&primary, &replica);
     let (prefix, name) = match confirm {
         Confirm::Nothing => ("fn", "failover-no-wait"),
         Confirm::Wait(_) => ("fw", "failover-wait1"),
         Confirm::Sync(_) => ("fs", "failover-sync"),
     };
+    let name = format!("{name}{}", tombstones.suffix());
     let mut load = standard_load(prefix);
     if let Confirm::Wait(ms) = confirm {
         load.replica_ack = Some(ms);
@@ -250,7 +285,7 @@ fn failover(confirm: Confirm) -> Report {
             let after = fences_now(&replica, &keys);
             sh.history
                 .check_i4(&before, &after, &format!("failover #{round}"));
-            let fresh = Server::start();
+            let fresh = start();
             link(&replica, &fresh);
             sh.port.store(replica.port, Relaxed);
             primary = std::mem::replace(&mut replica, fresh);
@@ -259,25 +294,32 @@ fn failover(confirm: Confirm) -> Report {
     });
     logs.push(primary.log());
     logs.push(replica.log());
-    report(name, &sh, started, &logs)
+    report(&name, &sh, started, &logs)
 }
 
 /// Clients act only on grants that `WAIT 1` confirmed: everything must hold.
 #[test]
 fn failover_with_wait_1_after_each_grant() {
-    failover(Confirm::Wait(200)).finish(&[1, 2, 3, 4, 5]);
+    failover(Confirm::Wait(200), Tombstones::Kept).finish(&[1, 2, 3, 4, 5]);
 }
 
 /// Clients ask the module to answer only once a replica has the grant (`SYNC 1 200`, also on
 /// RENEW): the failover-without-WAIT losses (I3, I4) must not occur, everything must hold.
 #[test]
 fn failover_with_sync_1() {
-    failover(Confirm::Sync(200)).finish(&[1, 2, 3, 4, 5]);
+    failover(Confirm::Sync(200), Tombstones::Kept).finish(&[1, 2, 3, 4, 5]);
+}
+
+/// The same with `lock.tombstone-ttl 0`: freed locks are deleted on the primary and, by the
+/// same effect, on the replica, whose floor keeps their fences when it takes over.
+#[test]
+fn failover_with_sync_1_tombstone_ttl_0() {
+    failover(Confirm::Sync(200), Tombstones::None).finish(&[1, 2, 3, 4, 5]);
 }
 
 /// Without `WAIT 1` a grant the replica never received is lost by failover (README): I3 and I4
 /// violations may show and are reported; the fence order (I2) rests on the clock term.
 #[test]
 fn failover_without_wait() {
-    failover(Confirm::Nothing).finish(&[1, 5]);
+    failover(Confirm::Nothing, Tombstones::Kept).finish(&[1, 5]);
 }
