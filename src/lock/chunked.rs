@@ -6,7 +6,7 @@
 //! key order (as deadlines mostly come), is left a little over half full by its splits: an
 //! entry of 40 bytes took about 85. Here a chunk that is full when its last entry is passed
 //! starts a new chunk instead of splitting, so entries that come in order fill their chunks,
-//! and one of 40 bytes takes 40 plus a share of its chunk's B-tree slot.
+//! and an entry takes its own size plus a share of its chunk's B-tree slot.
 //!
 //! What stays true after every change:
 //! - a chunk is never empty, and its entries are in key order without repeats;
@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
 
-/// Entries per chunk: 64 entries of the lease index (40 bytes each) are one 2,560-byte
+/// Entries per chunk: 64 entries of the lease index (48 bytes each) are one 3,072-byte
 /// allocation, a size the allocator has a class for.
 pub const CAP: usize = 64;
 

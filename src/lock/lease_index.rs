@@ -22,6 +22,7 @@
 use std::collections::VecDeque;
 
 use super::chunked::ChunkedMap;
+use super::text::Text;
 
 /// The latest time an entry can have: a lock's value marks its entry's time in 62 bits (see
 /// `service::value`).
@@ -60,7 +61,7 @@ pub struct Due {
     pub db: i32,
     /// The lock's id.
     pub id: u64,
-    pub key: Box<[u8]>,
+    pub key: Text,
     /// Its time.
     pub at: u64,
     /// From the reclaim queue, not the B-tree.
@@ -77,12 +78,16 @@ impl Due {
     }
 }
 
-/// Where a lock is: a database handle and the key name.
+/// Where a lock is: a database handle and the key name (inline when short, as most lock names
+/// are: no allocation of its own).
 #[derive(Debug)]
 struct Place {
     handle: u32,
-    key: Box<[u8]>,
+    key: Text,
 }
+
+// An entry of the B-tree, as its chunks hold it (see `chunked::CAP`).
+const _: () = assert!(std::mem::size_of::<((u64, u64), Place)>() == 48);
 
 /// A queued reclaim.
 #[derive(Debug)]
@@ -230,7 +235,7 @@ impl LeaseIndex {
     fn place(&mut self, db: i32, key: &[u8]) -> Place {
         Place {
             handle: self.handle(db),
-            key: key.into(),
+            key: Text::of_pieces(&[key]),
         }
     }
 
@@ -269,7 +274,7 @@ impl LeaseIndex {
     fn replacing(&mut self, old: Option<Entry>, id: u64, db: i32, key: &[u8]) -> Place {
         let handle = self.handle(db);
         match old.and_then(|old| self.take(id, old)) {
-            Some(place) if place.handle == handle && *place.key == *key => place,
+            Some(place) if place.handle == handle && place.key.as_bytes() == key => place,
             _ => self.place(db, key),
         }
     }
@@ -357,6 +362,7 @@ impl LeaseIndex {
         self.queue.clear();
         for (at, db, id, key) in found {
             let handle = self.handle(db);
+            let key = Text::of_pieces(&[&key]);
             self.entries.insert((at, id), Place { handle, key });
         }
     }
@@ -378,7 +384,7 @@ mod tests {
         Due {
             db,
             id,
-            key: key.as_bytes().into(),
+            key: Text::of_pieces(&[key.as_bytes()]),
             at,
             queued: false,
         }

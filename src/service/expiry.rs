@@ -84,11 +84,23 @@ pub fn on_due(ctx: &Context) {
     let started = Instant::now();
     let mut more_due = false;
     while let Some(due) = leases::pop_due(now) {
-        if importing(&due.key) {
+        if importing(due.key.as_bytes()) {
             // Still the source node's lock: look again later.
-            leases::insert(ctx, now + IDLE_RECHECK_MS, due.db, due.id, &due.key);
+            leases::insert(
+                ctx,
+                now + IDLE_RECHECK_MS,
+                due.db,
+                due.id,
+                due.key.as_bytes(),
+            );
         } else if select_db(ctx, due.db) {
-            change::visit_due(ctx, &key_string(ctx, &due.key), due.id, due.entry(), now);
+            change::visit_due(
+                ctx,
+                &key_string(ctx, due.key.as_bytes()),
+                due.id,
+                due.entry(),
+                now,
+            );
         }
         if started.elapsed() >= SLICE {
             more_due = true;
