@@ -22,10 +22,12 @@ use crate::metrics;
 use crate::policy::Asked;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
+use crate::service::audit;
 use crate::service::change::{
     change, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
     reclaim_if_due, release_key,
 };
+use crate::service::effects::{self, Known};
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
@@ -35,7 +37,6 @@ use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
-use crate::service::{audit, effects};
 
 /// Declares a unit type per command whose `Command::run` is the given handler, and for the
 /// commands that carry a token, what a failed call redacts (`Command::secret_on_error`).
@@ -508,10 +509,18 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         } = renewal?;
         effects::note_floor(floor, fence);
         let key = ctx.open_key_writable(key_name);
-        return applied(ctx, &key, key_name, Event::Renew, 1, |lock| {
-            lock.apply_renewal(fence, deadline)
-                .map_err(LockError::BadEffect)
-        });
+        return applied(
+            ctx,
+            &key,
+            key_name,
+            Event::Renew,
+            1,
+            Known::ByEvent,
+            |lock| {
+                lock.apply_renewal(fence, deadline)
+                    .map_err(LockError::BadEffect)
+            },
+        );
     }
     let effect = codec::parse_effect(&raw_args)?;
     effects::note_floor(effect.floor, effect.lock.fence);
@@ -520,10 +529,18 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return apply_reclaim(ctx, &key, key_name);
     }
     let lock = effect.lock;
-    applied(ctx, &key, key_name, effect.event, 1, |current| {
-        *current = lock;
-        Ok(())
-    })
+    applied(
+        ctx,
+        &key,
+        key_name,
+        effect.event,
+        1,
+        Known::WholeState,
+        |current| {
+            *current = lock;
+            Ok(())
+        },
+    )
 }
 
 /// One shared or permit holder's change (see `codec::member_effect_args`).
@@ -543,21 +560,22 @@ fn apply_member(ctx: &Context, key_name: &RedisString, effect: MemberEffect) -> 
         MemberChange::Remove(tokens) => tokens.len(),
         MemberChange::Set(_) => 1,
     };
-    applied(ctx, &key, key_name, event, times, |lock| {
+    applied(ctx, &key, key_name, event, times, Known::ByEvent, |lock| {
         lock.apply_member(fence, limit, now, change)
             .map_err(LockError::BadEffect)
     })
 }
 
 /// Applies a replicated `change` to the lock in `key` (a fresh one when missing), counts it as
-/// the primary did (`times` holders changed so), announces it and passes it on. A change refused
-/// leaves the key as it was.
+/// the primary did (`times` holders changed so), announces it (as `known`) and passes it on. A
+/// change refused leaves the key as it was.
 fn applied(
     ctx: &Context,
     key: &RedisKeyWritable,
     key_name: &RedisString,
     event: Event,
     times: usize,
+    known: Known,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
     let (old_fence, created) = match in_key_mut(key)? {
@@ -602,7 +620,7 @@ fn applied(
             metrics::DELAYED.incr();
         }
     }
-    effects::announce_times(ctx, key_name, event, stored, times);
+    effects::announce_times(ctx, key_name, event, stored, times, known);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
