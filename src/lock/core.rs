@@ -26,6 +26,10 @@ pub const MAX_FENCE: u64 = i64::MAX as u64;
 /// command on the key looks through them.
 pub const MAX_HOLDERS: u32 = 10_000;
 
+/// Up to this many holders leaving in one replicated change are each looked for among the
+/// fingerprints (a sixteenth of a pass over the holders each); more take one pass together.
+const FEW_TOKENS: usize = 8;
+
 /// The value stored under a lock key. A released lock keeps its key (a tombstone) so the last
 /// fence travels with the key through RDB, AOF, replication, DUMP/RESTORE and MIGRATE.
 ///
@@ -483,23 +487,34 @@ impl Lock {
         if fence < self.fence || limit > MAX_HOLDERS {
             return Err("member change out of order");
         }
-        if let MemberChange::Set(member) = &change {
-            let refresh = self
-                .members()
+        // The member's token's holds (one look through the fingerprints, as the primary's
+        // grant made), and among them the one of this grant: refreshed if there is one.
+        let (own, same) = match (&change, self.group.as_deref()) {
+            (MemberChange::Set(member), Some(group)) => {
+                let own = group.holds_of(member.holder.token());
+                let same = own.iter().copied().find(|&index| {
+                    group
+                        .members
+                        .get(index)
+                        .is_some_and(|m| m.fence == member.fence)
+                });
+                (own, same)
+            }
+            _ => (Vec::new(), None),
+        };
+        if let (MemberChange::Set(member), None) = (&change, same) {
+            // A new grant: room beside the live holders that stay (the live count is kept by
+            // the group; the token's own live hold, if any, is replaced).
+            let members = self.members();
+            let own_live = own
                 .iter()
-                .any(|m| m.is(member.holder.token(), member.print) && m.fence == member.fence);
-            if !refresh {
-                let stay = self
-                    .members()
-                    .iter()
-                    .filter(|m| {
-                        m.holder.deadline > now && !m.is(member.holder.token(), member.print)
-                    })
-                    .count();
-                let cap = if limit == 0 { MAX_HOLDERS } else { limit };
-                if member.fence != fence || fence <= self.fence || stay >= cap as usize {
-                    return Err("member change out of order");
-                }
+                .filter(|&&index| members.get(index).is_some_and(|m| m.holder.deadline > now))
+                .count();
+            let live = self.group.as_deref().map_or(0, |g| g.live_count(now));
+            let stay = live.saturating_sub(own_live);
+            let cap = if limit == 0 { MAX_HOLDERS } else { limit };
+            if member.fence != fence || fence <= self.fence || stay >= cap as usize {
+                return Err("member change out of order");
             }
         }
         self.holder = None;
@@ -507,26 +522,28 @@ impl Lock {
         self.fence = fence;
         let group = self.group.get_or_insert_with(Box::default);
         group.limit = limit;
-        match change {
-            MemberChange::Set(member) => {
-                let same = group.find(member.holder.token(), |m| m.fence == member.fence);
-                match same {
-                    Some(index) => group.change_members(|members| members[index] = member),
-                    None => {
-                        group.change_members(|members| {
-                            members.retain(|m| m.holder.deadline > now);
-                            members.retain(|m| !m.is(member.holder.token(), member.print));
-                        });
-                        group.push(member);
-                    }
+        match (change, same) {
+            (MemberChange::Set(member), Some(index)) => {
+                group.replace(index, member);
+            }
+            (MemberChange::Set(member), None) => {
+                // The token's other holds go, and as in the primary's grant, the holders whose
+                // lease ran out (when the group says some may have).
+                group.remove_from_back(&own);
+                group.drop_overdue(now);
+                group.push(member);
+            }
+            (MemberChange::Remove(tokens), _) if tokens.len() <= FEW_TOKENS => {
+                // A release or a few expiries: a look through the fingerprints each.
+                for token in &tokens {
+                    let holds = group.holds_of(token);
+                    group.remove_from_back(&holds);
                 }
             }
-            MemberChange::Remove(tokens) => {
-                // One pass, however many left together.
+            (MemberChange::Remove(tokens), _) => {
+                // Many left together: one pass, however many.
                 let gone: std::collections::HashSet<TokenDigest> = tokens.into_iter().collect();
-                group.change_members(|members| {
-                    members.retain(|m| !gone.contains(m.holder.token()));
-                });
+                group.remove_where(|m| gone.contains(m.holder.token()));
             }
         }
         if group.limit == 0 && group.members.is_empty() {

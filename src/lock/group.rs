@@ -94,6 +94,17 @@ impl Group {
         token: &TokenDigest,
         wanted: impl Fn(&Member) -> bool,
     ) -> Option<usize> {
+        self.look_for(token, |_, member| wanted(member))
+    }
+
+    /// Shows `seen` the members whose token is `token` with their indices, newest first, until
+    /// it says stop (true): the index it stopped at. One look through the fingerprints, 16 at
+    /// a time, whatever `seen` asks; a digest is read only where a fingerprint matches.
+    pub(super) fn look_for(
+        &self,
+        token: &TokenDigest,
+        mut seen: impl FnMut(usize, &Member) -> bool,
+    ) -> Option<usize> {
         const BLOCK: usize = 16;
         let print = token.print();
         let mut end = self.prints.len();
@@ -101,13 +112,13 @@ impl Group {
             let start = end.saturating_sub(BLOCK);
             let block = self.prints.get(start..end)?;
             // No early exit inside a block: the compiler compares it in a few vector steps.
-            if block.iter().fold(false, |seen, &p| seen | (p == print)) {
+            if block.iter().fold(false, |hit, &p| hit | (p == print)) {
                 let found = (start..end).rev().find(|&index| {
                     self.prints.get(index) == Some(&print)
                         && self
                             .members
                             .get(index)
-                            .is_some_and(|m| m.is(token, print) && wanted(m))
+                            .is_some_and(|m| m.is(token, print) && seen(index, m))
                 });
                 if found.is_some() {
                     return found;
@@ -118,24 +129,96 @@ impl Group {
         None
     }
 
+    /// The indices of the holds of `token`, live or not, newest first (one look through the
+    /// fingerprints; most often none or one).
+    pub(super) fn holds_of(&self, token: &TokenDigest) -> Vec<usize> {
+        let mut found = Vec::new();
+        self.look_for(token, |index, _| {
+            found.push(index);
+            false
+        });
+        found
+    }
+
+    /// Removes the holders at `indices`, given from the last one back (as
+    /// [`Group::holds_of`] gives them): each removal leaves the others where they were.
+    pub(super) fn remove_from_back(&mut self, indices: &[usize]) {
+        for &index in indices {
+            self.remove(index);
+        }
+    }
+
     /// Adds a holder last, keeping the earliest deadline when it is known.
     pub fn push(&mut self, member: Member) {
-        let deadline = member.holder.deadline;
-        let long = member.holder.long;
-        let since = Some(member.holder.grant.since).filter(|since| *since > 0);
-        let fence = member.fence;
+        self.joins(&member);
         self.prints.push(member.print);
         self.members.push(member);
-        if let Some(earliest) = self.hints.earliest.get() {
-            self.hints.earliest.set(Some(earliest.min(deadline)));
+    }
+
+    /// Puts `member` in the place of the holder at `index` (the same grant, changed: refreshed,
+    /// renewed, a hold dropped), keeping what is known of the holders as [`Group::push`] and
+    /// [`Group::remove`] do. Returns the holder it replaced.
+    pub(super) fn replace(&mut self, index: usize, member: Member) -> Option<Member> {
+        if index >= self.members.len() || index >= self.prints.len() {
+            return None;
         }
-        if long {
+        let print = self.prints.get_mut(index)?;
+        *print = member.print;
+        let old = std::mem::replace(self.members.get_mut(index)?, member);
+        self.left(&old);
+        self.joins(self.members.get(index)?);
+        Some(old)
+    }
+
+    /// Removes, in one pass, the holders `gone` picks, keeping what is known of the others (the
+    /// bounds stay bounds, as after [`Group::remove`]).
+    pub(super) fn remove_where(&mut self, mut gone: impl FnMut(&Member) -> bool) {
+        // The fences of the long holds that go, increasing (members are in grant order).
+        let mut long_gone = Vec::new();
+        self.members.retain(|member| {
+            let goes = gone(member);
+            if goes && member.holder.long {
+                long_gone.push(member.fence);
+            }
+            !goes
+        });
+        self.prints.clear();
+        self.prints.extend(self.members.iter().map(|m| m.print));
+        if long_gone.is_empty() {
+            return;
+        }
+        if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
+            fences.retain(|fence| long_gone.binary_search(fence).is_err());
+        }
+    }
+
+    /// What is kept about the holders, once `member` is one of them: the earliest deadline
+    /// (when known), the bound on grant times not yet long, the long fences (in order).
+    fn joins(&self, member: &Member) {
+        let holder = &member.holder;
+        if let Some(earliest) = self.hints.earliest.get() {
+            self.hints.earliest.set(Some(earliest.min(holder.deadline)));
+        }
+        if holder.long {
             self.hints.long.set(Some(true));
             if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
-                fences.push(fence);
+                let at = fences.partition_point(|fence| *fence < member.fence);
+                if fences.get(at) != Some(&member.fence) {
+                    fences.insert(at, member.fence);
+                }
             }
-        } else if let (Some(bound), Some(since)) = (self.hints.unmarked.get(), since) {
-            self.hints.unmarked.set(Some(bound.min(since)));
+        } else if let Some(bound) = self.hints.unmarked.get().filter(|_| holder.grant.since > 0) {
+            self.hints.unmarked.set(Some(bound.min(holder.grant.since)));
+        }
+    }
+
+    /// What is kept about the holders, once `member` is no longer one of them: a bound stays
+    /// a bound; its fence leaves the long ones.
+    fn left(&self, member: &Member) {
+        if member.holder.long {
+            if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
+                fences.retain(|fence| *fence != member.fence);
+            }
         }
     }
 
@@ -146,11 +229,7 @@ impl Group {
         }
         self.prints.remove(index);
         let member = self.members.remove(index);
-        if member.holder.long {
-            if let Some(fences) = self.hints.long_fences.borrow_mut().as_mut() {
-                fences.retain(|fence| *fence != member.fence);
-            }
-        }
+        self.left(&member);
         Some(member)
     }
 
@@ -293,8 +372,10 @@ impl Eq for Hints {}
 
 #[cfg(test)]
 mod tests {
+    use crate::lock::codec::{member_effect_args, parse_member_effect, removals_effect_args};
     use crate::lock::core::tests::{asking, dg, granted, T0};
-    use crate::lock::core::{Acquire, Lock, Mode};
+    use crate::lock::core::{Acquire, Lock, MemberChange, Mode};
+    use crate::lock::event::Event;
 
     #[test]
     fn a_token_is_found_among_many_holders_and_beside_one_with_the_same_fingerprint() {
@@ -413,6 +494,128 @@ mod tests {
         // A long holder leaving takes its fence out of what is kept.
         assert_eq!(lock.release(&dg(b"r0"), T0 + 103), Some(true));
         assert_eq!(lock.long_fences().len(), 1);
+    }
+
+    /// What the group answers from what it keeps (the earliest deadline, the live count, the
+    /// long holds, the next one due), against a pass over every holder.
+    fn check_kept(lock: &Lock, threshold: u64, now: u64, step: u64) {
+        let members = lock.members();
+        let earliest = members.iter().map(|m| m.holder.deadline).min();
+        assert!(
+            lock.next_deadline() <= earliest,
+            "step {step}: deadline bound"
+        );
+        let live = members.iter().filter(|m| m.holder.deadline > now).count();
+        assert_eq!(lock.live_count(now), live, "step {step}: live count");
+        assert_eq!(lock.is_overdue(now), live < members.len(), "step {step}");
+        let long: Vec<u64> = members
+            .iter()
+            .filter(|m| m.holder.long)
+            .map(|m| m.fence)
+            .collect();
+        assert_eq!(lock.long_fences(), long, "step {step}: long fences");
+        let next_long = members
+            .iter()
+            .filter(|m| !m.holder.long && m.holder.grant.since > 0)
+            .map(|m| m.holder.grant.since + threshold)
+            .min();
+        if let Some(truth) = next_long {
+            let due = lock.long_due(threshold, now);
+            assert!(due.is_some_and(|due| due <= truth), "step {step}: long due");
+        }
+    }
+
+    /// The lock without its long-hold marks (a replicated holder carries none).
+    fn unmarked(lock: &Lock) -> Lock {
+        let mut lock = lock.clone();
+        if let Some(group) = lock.group.as_deref_mut() {
+            group.change_members(|members| {
+                for member in members {
+                    member.holder.long = false;
+                }
+            });
+        }
+        lock
+    }
+
+    #[test]
+    fn a_replica_applying_holders_changes_keeps_what_it_knows_of_them_true() {
+        let threshold = 100;
+        let (mut primary, mut replica) = (Lock::default(), Lock::default());
+        let mut fence = 0;
+        let mut now = T0;
+        let mut state = 11u64;
+        let (mut long_replaced, mut many_gone) = (0u32, 0u32);
+        for step in 0..4_000u64 {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            now += state >> 61;
+            let name = format!("h{}", (state >> 33) % 48).into_bytes();
+            let token = dg(&name);
+            let ttl = 20 + (state >> 20) % 400;
+            let one = |event, lock: &Lock| Some(member_effect_args(event, lock, &token, now));
+            let effect = match (state >> 40) % 8 {
+                0..=2 => match primary.grant(&asking(&name, ttl, Mode::Shared), fence, now) {
+                    Ok(Acquire::Granted { fence: f }) => {
+                        fence = f;
+                        one(Event::Acquire, &primary)
+                    }
+                    Ok(Acquire::Refreshed { .. }) => one(Event::Acquire, &primary),
+                    _ => None,
+                },
+                3 => primary
+                    .release(&token, now)
+                    .and_then(|_| one(Event::Release, &primary)),
+                4 => primary
+                    .renew(&token, ttl, now)
+                    .then(|| one(Event::Renew, &primary))
+                    .flatten(),
+                5 => {
+                    // Expiries, replicated together: a few, or (once in a while, most leases
+                    // run out) many at once.
+                    if (state >> 50) % 4 == 0 {
+                        now += 250;
+                    }
+                    let gone = primary.expire_members(now, usize::MAX);
+                    let tokens: Vec<_> = gone.iter().map(|m| *m.holder.token()).collect();
+                    many_gone += u32::from(tokens.len() > 8);
+                    (!tokens.is_empty())
+                        .then(|| removals_effect_args(Event::Expired, &primary, &tokens, now))
+                }
+                _ => {
+                    // Each marks its own holds long (a replica does once promoted); a
+                    // replicated change of a marked holder brings it unmarked.
+                    primary.mark_long(threshold, now);
+                    replica.mark_long(threshold, now);
+                    None
+                }
+            };
+            if let Some(args) = effect {
+                let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                let effect = parse_member_effect(&refs)
+                    .and_then(Result::ok)
+                    .unwrap_or_else(|| panic!("step {step}: not a member effect"));
+                if let MemberChange::Set(member) = &effect.change {
+                    let was = replica.member(member.holder.token());
+                    long_replaced += u32::from(was.is_some_and(|m| m.holder.long));
+                }
+                let applied =
+                    replica.apply_member(effect.fence, effect.limit, effect.now, effect.change);
+                assert_eq!(applied, Ok(()), "step {step}");
+            }
+            assert_eq!(unmarked(&replica), unmarked(&primary), "step {step}");
+            // Asked after most changes (as the server asks), so what is kept is kept on; not
+            // after every one, so that it is also looked for again.
+            if step % 5 != 0 {
+                check_kept(&replica, threshold, now, step);
+            }
+        }
+        // The walk had marked holds replaced, and many expiries replicated together.
+        assert!(
+            long_replaced > 10 && many_gone > 10,
+            "{long_replaced} {many_gone}"
+        );
     }
 
     #[test]

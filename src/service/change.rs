@@ -17,10 +17,11 @@ use crate::lock::floor;
 use crate::lock::lease_index::Entry;
 use crate::lock::sessions::{self, Session};
 use crate::metrics;
+use crate::service::effects::{self, Known};
 use crate::service::policy::{self, Stat};
 use crate::service::value::{in_key_mut, Stored, APPLY, LOCK_TYPE};
 use crate::service::waiters;
-use crate::service::{effects, holds, leases};
+use crate::service::{holds, leases};
 
 /// Applies `change` to the stored lock and, when it reports an event, announces and replicates
 /// it. When the change freed the lock, the session is forgotten and the lock handed over to the
@@ -122,7 +123,7 @@ fn change_then(
             && stored.reclaimable(now)
             && !waiters::queued(ctx, key) =>
         {
-            effects::announce(ctx, key, event, stored);
+            effects::announce(ctx, key, event, stored, Known::ByEvent);
             held_back = true;
         }
         _ => effects::propagate(ctx, key, event, stored),

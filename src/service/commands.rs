@@ -22,10 +22,12 @@ use crate::metrics;
 use crate::policy::Asked;
 use crate::service::acks::Confirms;
 use crate::service::args::{self, AcquireOptions};
+use crate::service::audit;
 use crate::service::change::{
     change_and_reclaim, change_hold, count_grant, create_for_waiters, expire_overdue, grant_stored,
     release_key,
 };
+use crate::service::effects::{self, Known};
 use crate::service::guard::guard;
 use crate::service::handoff::{self, fence_reply};
 use crate::service::holds::{self, longholds};
@@ -35,7 +37,6 @@ use crate::service::policy::{self, Judging, Stat};
 use crate::service::value::{in_key, in_key_mut, Stored, LOCK_TYPE};
 use crate::service::waiters;
 use crate::service::who::who;
-use crate::service::{audit, effects};
 
 /// Declares a unit type per command whose `Command::run` is the given handler, and for the
 /// commands that carry a token, what a failed call redacts (`Command::secret_on_error`).
@@ -507,10 +508,18 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         } = renewal?;
         effects::note_floor(floor, fence);
         let key = ctx.open_key_writable(key_name);
-        return applied(ctx, &key, key_name, Event::Renew, 1, |lock| {
-            lock.apply_renewal(fence, deadline)
-                .map_err(LockError::BadEffect)
-        });
+        return applied(
+            ctx,
+            &key,
+            key_name,
+            Event::Renew,
+            1,
+            Known::ByEvent,
+            |lock| {
+                lock.apply_renewal(fence, deadline)
+                    .map_err(LockError::BadEffect)
+            },
+        );
     }
     if let Some(reclaimed) = codec::parse_reclaimed(&raw_args) {
         let Reclaimed {
@@ -522,7 +531,7 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         let key = ctx.open_key_writable(key_name);
         // As the primary did: the change that freed the lock (announced and counted), then the
         // deletion, passed on once.
-        applied_here(ctx, &key, key_name, event, 1, |lock| {
+        applied_here(ctx, &key, key_name, event, 1, Known::WholeState, |lock| {
             *lock = Lock {
                 fence,
                 ..Lock::default()
@@ -538,10 +547,18 @@ fn apply(ctx: &Context, args: &[RedisString]) -> CommandResult {
         return apply_reclaim(ctx, &key, key_name);
     }
     let lock = effect.lock;
-    applied(ctx, &key, key_name, effect.event, 1, |current| {
-        *current = lock;
-        Ok(())
-    })
+    applied(
+        ctx,
+        &key,
+        key_name,
+        effect.event,
+        1,
+        Known::WholeState,
+        |current| {
+            *current = lock;
+            Ok(())
+        },
+    )
 }
 
 /// One shared or permit holder's change (see `codec::member_effect_args`).
@@ -561,24 +578,25 @@ fn apply_member(ctx: &Context, key_name: &RedisString, effect: MemberEffect) -> 
         MemberChange::Remove(tokens) => tokens.len(),
         MemberChange::Set(_) => 1,
     };
-    applied(ctx, &key, key_name, event, times, |lock| {
+    applied(ctx, &key, key_name, event, times, Known::ByEvent, |lock| {
         lock.apply_member(fence, limit, now, change)
             .map_err(LockError::BadEffect)
     })
 }
 
 /// Applies a replicated `change` to the lock in `key` (a fresh one when missing), counts it as
-/// the primary did (`times` holders changed so), announces it and passes it on. A change refused
-/// leaves the key as it was.
+/// the primary did (`times` holders changed so), announces it (as `known`) and passes it on. A
+/// change refused leaves the key as it was.
 fn applied(
     ctx: &Context,
     key: &RedisKeyWritable,
     key_name: &RedisString,
     event: Event,
     times: usize,
+    known: Known,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> CommandResult {
-    applied_here(ctx, key, key_name, event, times, change)?;
+    applied_here(ctx, key, key_name, event, times, known, change)?;
     ctx.replicate_verbatim();
     Ok(RedisValue::SimpleStringStatic("OK"))
 }
@@ -590,6 +608,7 @@ fn applied_here(
     key_name: &RedisString,
     event: Event,
     times: usize,
+    known: Known,
     change: impl FnOnce(&mut Lock) -> Result<(), LockError>,
 ) -> Result<(), LockError> {
     let (old_fence, created) = match in_key_mut(key)? {
@@ -634,7 +653,7 @@ fn applied_here(
             metrics::DELAYED.incr();
         }
     }
-    effects::announce_times(ctx, key_name, event, stored, times);
+    effects::announce_times(ctx, key_name, event, stored, times, known);
     waiters::wake_watchers(ctx, key_name, stored.lock(), now_ms());
     Ok(())
 }

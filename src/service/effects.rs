@@ -24,9 +24,19 @@ const APPLY_NAME: &str = "LOCK.APPLY";
 /// The name of the internal floor command.
 pub const FLOOR: &str = "LOCK.FLOOR";
 
+/// What is known of an announced change, which tells how the oldest hold is followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Known {
+    /// The change its event names: made here, or one holder's change applied as the primary
+    /// made it (see `Lock::apply_member`). Holds came or went as that event makes them.
+    ByEvent,
+    /// A whole state applied (from the primary or the AOF): any hold may have come or gone.
+    WholeState,
+}
+
 /// Tells the rest of the server about a change that already happened to the lock under `key`:
 /// WATCH invalidation, the keyspace notification and the lease index.
-pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
+pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored, known: Known) {
     keys::signal_modified(ctx, key);
     if policy::spaces_moving() {
         // The policy changed and the walk may not have reached this lock yet.
@@ -38,12 +48,11 @@ pub fn announce(ctx: &Context, key: &RedisString, event: Event, stored: &Stored)
     leases::follow(ctx, stored, key.as_slice());
     // A renewal or a dropped reentrant hold keeps every grant, and so the oldest grant time:
     // the ages index is left alone (a lookup in it costs more than the rest of a RENEW).
-    // A replica applies whole states it did not decide: it looks through every holder.
+    // A whole state applied may differ in any hold: every holder is looked through.
     if !matches!(event, Event::Renew | Event::DropHold) {
-        if is_primary(ctx) {
-            holds::follow_change(stored, key.as_slice(), event);
-        } else {
-            holds::follow(stored, key.as_slice());
+        match known {
+            Known::ByEvent => holds::follow_change(stored, key.as_slice(), event),
+            Known::WholeState => holds::follow(stored, key.as_slice()),
         }
     }
 }
@@ -56,8 +65,9 @@ pub fn announce_times(
     event: Event,
     stored: &Stored,
     times: usize,
+    known: Known,
 ) {
-    announce(ctx, key, event, stored);
+    announce(ctx, key, event, stored, known);
     if let Some(name) = event.notification() {
         for _ in 1..times {
             keys::notify(ctx, NotifyEvent::MODULE, name, key);
@@ -74,7 +84,7 @@ pub fn announce_deleted(ctx: &Context, key: &RedisString) {
 
 /// On the primary: announces a change and sends it to replicas and the AOF.
 pub fn propagate(ctx: &Context, key: &RedisString, event: Event, stored: &Stored) {
-    announce(ctx, key, event, stored);
+    announce(ctx, key, event, stored, Known::ByEvent);
     replicate(ctx, key, event, stored);
 }
 
@@ -117,7 +127,7 @@ pub fn propagate_hold(
     token: &TokenDigest,
     now: u64,
 ) {
-    announce(ctx, key, event, stored);
+    announce(ctx, key, event, stored, Known::ByEvent);
     let args = codec::member_effect_args(event, stored.lock(), token, now);
     replicate_apply(ctx, key, &args);
 }
@@ -133,7 +143,7 @@ pub fn propagate_removed(
     tokens: &[TokenDigest],
     now: u64,
 ) {
-    announce_times(ctx, key, event, stored, tokens.len());
+    announce_times(ctx, key, event, stored, tokens.len(), Known::ByEvent);
     let args = codec::removals_effect_args(event, stored.lock(), tokens, now);
     replicate_apply(ctx, key, &args);
 }
