@@ -358,3 +358,227 @@ mod tests {
         map.check();
     }
 }
+
+/// review13: probes of the chunked map's invariants, memory and cost.
+#[cfg(test)]
+mod review13_tests {
+    use super::*;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    /// Entries per allocated chunk slot: what a map's entries cost against their own size.
+    fn fill(map: &ChunkedMap<u64, ()>) -> f64 {
+        map.len() as f64 / (map.chunk_count() * CAP) as f64
+    }
+
+    /// Every step checked (not every 500th), key spaces small (a few chunks, joins with the
+    /// chunk before and after, inserts below every chunk) and large (many full chunks, splits),
+    /// pop_first in bursts between inserts that split, and retain midway.
+    #[test]
+    fn stays_an_ordered_map_with_every_step_checked() {
+        for (seed, space) in [
+            (3_u64, 150_u64),
+            (11, 700),
+            (0xdead_beef, 5_000),
+            (99, 40_000),
+        ] {
+            let mut rng = Rng(seed);
+            let mut map = ChunkedMap::new();
+            let mut model = std::collections::BTreeMap::new();
+            for step in 0..30_000_u64 {
+                match rng.next() % 16 {
+                    0..=6 => {
+                        let key = rng.next() % space;
+                        assert_eq!(map.insert(key, step), model.insert(key, step));
+                    }
+                    7..=10 => {
+                        let key = rng.next() % space;
+                        assert_eq!(map.remove(&key), model.remove(&key));
+                    }
+                    11 => {
+                        for _ in 0..rng.next() % 40 {
+                            assert_eq!(map.pop_first(), model.pop_first());
+                        }
+                    }
+                    12 => {
+                        // Below every key there is: the first chunk takes it, or splits.
+                        if let Some((&first, _)) = model.first_key_value() {
+                            if first > 0 {
+                                let key = first - 1 - rng.next() % first.min(3);
+                                assert_eq!(map.insert(key, step), model.insert(key, step));
+                            }
+                        }
+                    }
+                    13 => {
+                        // Removals from the front by key (forget of the earliest entries).
+                        let keys: Vec<u64> = model.keys().take(5).copied().collect();
+                        for key in keys {
+                            assert_eq!(map.remove(&key), model.remove(&key));
+                        }
+                    }
+                    14 if step % 97 == 0 => {
+                        let m = 2 + rng.next() % 5;
+                        map.retain(|k, _| k % m != 0);
+                        model.retain(|k, _| k % m != 0);
+                    }
+                    _ => {
+                        let key = space + step;
+                        assert_eq!(map.insert(key, step), model.insert(key, step));
+                    }
+                }
+                map.check();
+                assert_eq!(map.len(), model.len(), "seed {seed} step {step}");
+                assert_eq!(
+                    map.first_key_value().map(|(k, v)| (*k, *v)),
+                    model.first_key_value().map(|(k, v)| (*k, *v)),
+                    "seed {seed} step {step}"
+                );
+                if step % 1000 == 0 {
+                    let entries: Vec<(u64, u64)> =
+                        map.entries().into_iter().map(|(k, v)| (k, *v)).collect();
+                    let expected: Vec<(u64, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
+                    assert_eq!(entries, expected, "seed {seed}, step {step}");
+                }
+            }
+        }
+    }
+
+    /// Join with the chunk before (the next one has no room), then take entries out of the
+    /// front of the joined chunk and put some below its old first key.
+    #[test]
+    fn a_join_with_the_chunk_before_keeps_keys_lower_bounds() {
+        let mut map = ChunkedMap::new();
+        for i in 0..3 * CAP as u64 {
+            map.insert(10 * i, ());
+        }
+        assert_eq!(map.chunk_count(), 3);
+        // The middle chunk thins to a quarter while the last stays full: it joins the first?
+        // The first is full too: no join. Thin the first to 20, then the middle to 16.
+        for i in 20..CAP as u64 {
+            map.remove(&(10 * i));
+        }
+        for i in CAP as u64..(CAP as u64 + 48) {
+            map.remove(&(10 * i));
+        }
+        map.check();
+        // Keys between the first chunk's last and the middle chunk's first, and below all.
+        for key in [195_u64, 201, 5, 1, 0] {
+            map.insert(key + 1_000_000, ());
+            map.insert(key, ());
+            map.check();
+        }
+        let keys: Vec<u64> = map.entries().into_iter().map(|(k, _)| k).collect();
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(keys, sorted);
+    }
+
+    /// FLUSHDB of one database keeps the other's entries with `retain`, which never joins:
+    /// a map left with one entry per chunk keeps a 64-entry allocation for each (3,072 bytes
+    /// per lease-index entry of 48).
+    #[test]
+    fn retain_that_leaves_a_few_entries_per_chunk_joins_them() {
+        let mut map = ChunkedMap::new();
+        let n = 200 * CAP as u64;
+        for i in 0..n {
+            map.insert(i, ());
+        }
+        // One entry in 64 survives: another database's lock among this one's.
+        map.retain(|k, _| k % CAP as u64 == 0);
+        map.check();
+        assert_eq!(map.len(), 200);
+        assert!(
+            map.chunk_count() <= map.len() / SPARSE + 1,
+            "{} chunks of {CAP} slots for {} entries (fill {:.3})",
+            map.chunk_count(),
+            map.len(),
+            fill(&map)
+        );
+    }
+
+    /// The join rule looks at a chunk only when it itself thins out, and at its neighbours as
+    /// they are then: a chunk brought to 1 entry beside full chunks stays a chunk when those
+    /// thin out to 17 later. The doc says a map thinned out by removals does not keep a chunk
+    /// for a few entries.
+    #[test]
+    fn removals_that_thin_neighbours_afterwards_still_leave_no_chunk_of_a_few_entries() {
+        let mut map = ChunkedMap::new();
+        let chunks = 100_u64;
+        let cap = CAP as u64;
+        for i in 0..chunks * cap {
+            map.insert(i, ());
+        }
+        assert_eq!(map.chunk_count(), chunks as usize);
+        // Odd chunks down to 1 entry while their neighbours are full: no join possible.
+        for c in (1..chunks).step_by(2) {
+            for i in 1..cap {
+                assert_eq!(map.remove(&(c * cap + i)), Some(()));
+            }
+        }
+        // Even chunks down to 17 entries: above a quarter, so no join is tried.
+        for c in (0..chunks).step_by(2) {
+            for i in 17..cap {
+                assert_eq!(map.remove(&(c * cap + i)), Some(()));
+            }
+        }
+        map.check();
+        assert_eq!(map.len(), 50 * 18);
+        assert!(
+            map.chunk_count() <= map.len() / SPARSE + 1,
+            "{} chunks of {CAP} slots for {} entries (fill {:.3})",
+            map.chunk_count(),
+            map.len(),
+            fill(&map)
+        );
+    }
+
+    /// Deadlines that come in order but with jitter (ttls of two sizes) still fill their
+    /// chunks at least half: no chunk holds fewer than half of CAP once the map has settled.
+    #[test]
+    fn entries_with_a_little_jitter_fill_chunks_at_least_half() {
+        let mut map = ChunkedMap::new();
+        let mut rng = Rng(5);
+        for i in 0..50_000_u64 {
+            let key = (i * 10 + rng.next() % 30, i);
+            map.insert(key, ());
+        }
+        map.check();
+        let fill = map.len() as f64 / (map.chunk_count() * CAP) as f64;
+        assert!(fill >= 0.5, "fill {fill:.3}");
+    }
+
+    /// Many entries at one deadline (ids ascending), then removal and insertion around one
+    /// chunk boundary again and again: each step moves at most a chunk's entries.
+    #[test]
+    fn churn_at_a_chunk_boundary_stays_cheap() {
+        let mut map = ChunkedMap::new();
+        let n = 200_000_u64;
+        for id in 0..n {
+            map.insert((7_u64, id), ());
+        }
+        let started = std::time::Instant::now();
+        // Around the boundary of two full chunks: insert makes a split, removal a join.
+        for round in 0..200_000_u64 {
+            let id = n / 2 + (round % 3);
+            map.remove(&(7, id));
+            map.insert((7, id), ());
+        }
+        map.check();
+        assert_eq!(map.len(), n as usize);
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < std::time::Duration::from_secs(10),
+            "200,000 changes took {elapsed:?}"
+        );
+    }
+}

@@ -1786,3 +1786,66 @@ mod tests {
         }
     }
 }
+
+/// review13: the `x` marker of a freed lock deleted at once is told from every other state.
+#[cfg(test)]
+mod review13_tests {
+    use super::*;
+
+    fn held_by(who: &[u8], deadline: u64, delay: u64) -> Lock {
+        Lock {
+            fence: 77,
+            holder: Some(Holder {
+                provisional: false,
+                long: false,
+                deadline,
+                holds: 1,
+                session: false,
+                grant: Box::new(Grant::new(
+                    TokenDigest::of(b"x:x:x"),
+                    delay,
+                    1_764_000_000_000,
+                    42,
+                    who,
+                )),
+            }),
+            group: None,
+            delayed_until: 0,
+        }
+    }
+
+    #[test]
+    fn no_other_state_reads_as_a_freed_lock_deleted_at_once() {
+        let whos: [&[u8]; 5] = [b"x", b":x", b"1.2.3.4:5 :x :x", b"x:x:x:x:x:x", b""];
+        let mut locks = Vec::new();
+        for who in whos {
+            for deadline in [0, 1, 1_764_000_030_000] {
+                locks.push(held_by(who, deadline, 0));
+                locks.push(held_by(who, deadline, 5_000));
+            }
+        }
+        locks.push(Lock {
+            fence: 5,
+            delayed_until: 1_764_000_030_000,
+            ..Lock::default()
+        });
+        locks.push(Lock::default());
+        for lock in &locks {
+            for event in [
+                Event::Acquire,
+                Event::Release,
+                Event::Expired,
+                Event::ForceRelease,
+                Event::SessionEnd,
+                Event::Sync,
+                Event::Reclaim,
+            ] {
+                let args = effect_args(event, lock);
+                let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                assert!(parse_reclaimed(&args).is_none(), "{args:?}");
+                // And it still parses as what it is.
+                assert!(parse_effect(&args).is_ok(), "{args:?}");
+            }
+        }
+    }
+}

@@ -575,3 +575,64 @@ mod tests {
         assert_eq!(index.pop_due(10), Some(due(4, 3, 4, "new in three")));
     }
 }
+
+/// review13: key names kept inline up to 22 bytes, on the heap beyond, come back intact.
+#[cfg(test)]
+mod review13_tests {
+    use super::*;
+
+    #[test]
+    fn key_names_of_every_length_and_byte_come_due_intact() {
+        let mut index = LeaseIndex::new();
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        for len in [0_usize, 1, 21, 22, 23, 24, 254, 255, 256, 257, 1_000] {
+            names.push((0..len).map(|i| (i * 37 % 256) as u8).collect());
+        }
+        names.push(vec![0; 22]);
+        names.push(vec![0xff; 23]);
+        names.push(b"a:b\0c\r\n".to_vec());
+        for (id, name) in names.iter().enumerate() {
+            index.insert(100 + id as u64, (id % 3) as i32, id as u64, name);
+        }
+        // Renamed (a new place) and moved: the entry takes the new name.
+        let renamed = vec![b'r'; 23];
+        let old = Entry {
+            at: 103,
+            queued: false,
+        };
+        index.reindex(1, 3, &renamed, Some(old), 103);
+        names[3] = renamed;
+        for (id, name) in names.iter().enumerate() {
+            let due = index.pop_due(u64::MAX).expect("an entry due");
+            assert_eq!(due.id, id as u64);
+            assert_eq!(due.key.as_bytes(), &name[..], "id {id}");
+            let db = if id == 3 { 1 } else { (id % 3) as i32 };
+            assert_eq!(due.db, db, "id {id}");
+        }
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn swap_and_flush_of_one_db_follow_through_the_chunks() {
+        let mut index = LeaseIndex::new();
+        // Interleaved in time: db 0, 1, 2 in turn, over many chunks.
+        for i in 0..3_000_u64 {
+            let name = format!("key-of-exactly-22-b{:03}", i % 1000);
+            index.insert(i, (i % 3) as i32, i, name.as_bytes());
+        }
+        index.swap_dbs(0, 2);
+        index.forget_db(Some(1));
+        assert_eq!(index.len(), 2_000);
+        let mut last = 0;
+        while let Some(due) = index.pop_due(u64::MAX) {
+            assert!(due.at >= last);
+            last = due.at;
+            assert_ne!(due.id % 3, 1, "a flushed db's entry came due");
+            // db 0's data is now in 2 and the other way round.
+            let expected = if due.id % 3 == 0 { 2 } else { 0 };
+            assert_eq!(due.db, expected);
+            assert_eq!(due.key.as_bytes().len(), 22);
+        }
+        assert!(index.is_empty());
+    }
+}
