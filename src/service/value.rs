@@ -333,6 +333,7 @@ impl Stored {
     /// however long the step takes).
     pub fn update_at<R>(&mut self, now: u64, change: impl FnOnce(&mut Lock) -> R) -> R {
         let was_held = self.lock.has_holders();
+        let was_delayed = self.lock.delayed_until > now;
         let result = change(&mut self.lock);
         let is_held = self.lock.has_holders();
         if was_held != is_held {
@@ -344,7 +345,10 @@ impl Stored {
                 metrics::HOLD.record(us.saturating_sub(since));
             }
         }
-        if !is_held && self.since_or_reclaim.is_none() {
+        // A free lock whose lock-delay was ended early (LOCK.FORCERELEASE) is kept for
+        // `lock.tombstone-ttl` from now, no longer until the delay would have ended.
+        let delay_ended = was_delayed && self.lock.delayed_until <= now;
+        if !is_held && (self.since_or_reclaim.is_none() || delay_ended) {
             self.since_or_reclaim = Some(moment(reclaim_time(now)));
         }
         self.follow_delay(now);

@@ -663,8 +663,11 @@ pub fn fences_now(server: &Server, keys: &[String]) -> HashMap<String, u64> {
 fn fence_now(conn: &mut Conn, key: &str) -> u64 {
     for _ in 0..100 {
         if let Some(fields) = lock_info(conn, key) {
-            if let Some((_, fence)) = fields.into_iter().find(|(n, _)| n == "fence") {
-                if fence.int() > 0 {
+            let field = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+            let free = field("state") == Some(&Reply::status("free"));
+            if let Some(fence) = field("fence") {
+                // Only a free lock may show 0: a held one is a violation as it shows.
+                if fence.int() > 0 || !free {
                     return fence.int() as u64;
                 }
             }
