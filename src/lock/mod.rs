@@ -20,6 +20,8 @@ pub mod group;
 pub mod lease_index;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod review14_tests;
 pub mod queues;
 pub mod sessions;
 pub mod slots;
