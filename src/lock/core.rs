@@ -216,12 +216,19 @@ impl Lock {
             .chain(self.members().iter().map(|m| (m.fence, &m.holder)))
     }
 
-    /// The grant time of the oldest hold whose grant time is known.
+    /// The grant time of the oldest hold whose grant time is known (without a pass over the
+    /// shared holders when they are in grant order: see `Group::oldest_grant`).
     pub fn oldest_grant(&self) -> Option<u64> {
-        self.all_holders()
-            .map(|(_, h)| h.grant.since)
-            .filter(|since| *since > 0)
-            .min()
+        let exclusive = self
+            .holder
+            .as_ref()
+            .map(|h| h.grant.since)
+            .filter(|since| *since > 0);
+        let shared = self.group.as_deref().and_then(Group::oldest_grant);
+        match (exclusive, shared) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When the next hold not yet announced as long becomes one, `threshold` ms after its

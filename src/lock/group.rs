@@ -150,6 +150,15 @@ impl Group {
 
     /// Adds a holder last, keeping the earliest deadline when it is known.
     pub fn push(&mut self, member: Member) {
+        let since = member.holder.grant.since;
+        let in_order = since > 0
+            && self
+                .members
+                .last()
+                .is_none_or(|last| last.holder.grant.since <= since);
+        if !in_order && self.hints.ordered.get() == Some(true) {
+            self.hints.ordered.set(Some(false));
+        }
         self.joins(&member);
         self.prints.push(member.print);
         self.members.push(member);
@@ -165,6 +174,10 @@ impl Group {
         let print = self.prints.get_mut(index)?;
         *print = member.print;
         let old = std::mem::replace(self.members.get_mut(index)?, member);
+        let since = self.members.get(index)?.holder.grant.since;
+        if old.holder.grant.since != since {
+            self.hints.ordered.set(None);
+        }
         self.left(&old);
         self.joins(self.members.get(index)?);
         Some(old)
@@ -184,6 +197,7 @@ impl Group {
         });
         self.prints.clear();
         self.prints.extend(self.members.iter().map(|m| m.print));
+        self.thinned();
         if long_gone.is_empty() {
             return;
         }
@@ -230,7 +244,51 @@ impl Group {
         self.prints.remove(index);
         let member = self.members.remove(index);
         self.left(&member);
+        self.thinned();
         Some(member)
+    }
+
+    /// Members left: those left are in order if they were; out of order, look again.
+    fn thinned(&self) {
+        if self.hints.ordered.get() == Some(false) {
+            self.hints.ordered.set(None);
+        }
+    }
+
+    /// The grant time of the oldest member whose grant time is known. Members come in grant
+    /// order, so unless a clock stepped back or a grant was loaded without its time, the first
+    /// one's: once a pass over them found them so, it is read without a pass (a lock with
+    /// thousands of readers that leave oldest first does not pass over the others each time).
+    pub fn oldest_grant(&self) -> Option<u64> {
+        let first = self.members.first().map(|m| m.holder.grant.since);
+        match self.hints.ordered.get() {
+            Some(true) => first,
+            Some(false) => self.oldest_known(),
+            None => {
+                let ordered = self
+                    .members
+                    .iter()
+                    .try_fold(1, |last, m| {
+                        let since = m.holder.grant.since;
+                        (since >= last).then_some(since)
+                    })
+                    .is_some();
+                self.hints.ordered.set(Some(ordered));
+                if ordered {
+                    first
+                } else {
+                    self.oldest_known()
+                }
+            }
+        }
+    }
+
+    fn oldest_known(&self) -> Option<u64> {
+        self.members
+            .iter()
+            .map(|m| m.holder.grant.since)
+            .filter(|since| *since > 0)
+            .min()
     }
 
     /// The fences of the members marked long, in order: looked for once (a pass over the
@@ -341,6 +399,10 @@ pub(super) struct Hints {
     unmarked: std::cell::Cell<Option<u64>>,
     /// See [`Group::long_fences`]: the fences of the members marked long, in order.
     long_fences: std::cell::RefCell<Option<Vec<u64>>>,
+    /// See [`Group::oldest_grant`]: whether every member's grant time is known and none is
+    /// earlier than the one before it (true may stay after members left; never true while one
+    /// is out of order).
+    ordered: std::cell::Cell<Option<bool>>,
 }
 
 impl Hints {
@@ -352,6 +414,7 @@ impl Hints {
             long: self.long.clone(),
             unmarked: self.unmarked.clone(),
             long_fences: self.long_fences.clone(),
+            ordered: self.ordered.clone(),
         }
     }
 
@@ -416,6 +479,39 @@ mod tests {
         // A member whose lease ran out is not live, but is still its token's member.
         assert_eq!(lock.live_member_index(&dg(b"h0"), T0 + 1000), None);
         assert!(lock.member(&dg(b"h0")).is_some());
+    }
+
+    #[test]
+    fn the_oldest_grant_is_read_off_the_first_holder_only_while_holders_are_in_grant_order() {
+        // The exact answer, by a pass over every holder.
+        let exact = |lock: &Lock| {
+            lock.all_holders()
+                .map(|(_, h)| h.grant.since)
+                .filter(|since| *since > 0)
+                .min()
+        };
+        let mut lock = Lock::default();
+        let mut fence = 0;
+        // Granted in time order, then once with the clock stepped back.
+        for (n, at) in [0, 10, 20, 5, 30].into_iter().enumerate() {
+            let token = format!("r{n}").into_bytes();
+            fence = granted(lock.grant(&asking(&token, 60_000, Mode::Shared), fence, T0 + at));
+            assert_eq!(lock.oldest_grant(), exact(&lock), "after grant {n}");
+        }
+        assert_eq!(lock.oldest_grant(), Some(T0));
+        // The oldest leaves, then the one out of order: the next oldest each time.
+        for (token, oldest) in [(b"r0", T0 + 5), (b"r3", T0 + 10), (b"r1", T0 + 20)] {
+            assert_eq!(lock.release(&dg(token), T0 + 40), Some(true));
+            assert_eq!(lock.oldest_grant(), exact(&lock));
+            assert_eq!(lock.oldest_grant(), Some(oldest));
+        }
+        // In order again: a holder granted later stays behind the first.
+        fence = granted(lock.grant(&asking(b"late", 60_000, Mode::Shared), fence, T0 + 50));
+        assert_eq!(lock.oldest_grant(), Some(T0 + 20));
+        // A holder out of order joins last: the first is no longer the oldest.
+        granted(lock.grant(&asking(b"early", 60_000, Mode::Shared), fence, T0 + 1));
+        assert_eq!(lock.oldest_grant(), Some(T0 + 1));
+        assert_eq!(lock.oldest_grant(), exact(&lock));
     }
 
     #[test]

@@ -64,31 +64,43 @@ fn age_of(lock: &Lock) -> Option<u64> {
 }
 
 /// After a change (`event`) of the lock `stored` under `key`: its oldest hold, without looking
-/// through all its holders when the change cannot have moved it. A grant (or a refresh) added at
-/// most the newest hold, and a release, an expiry or a forced release only took holds away: if
-/// a hold granted at the recorded oldest time is still there, and the newest is no older, the
-/// oldest is unchanged (a shared lock with thousands of holders is scanned only when its oldest
-/// hold left).
+/// through all its holders when the change cannot have moved it. A release, an expiry or a
+/// forced release only took holds away: the oldest is the recorded one while that is still the
+/// oldest grant (read without a pass when the shared holders are in grant order: see
+/// `Group::oldest_grant`, so readers leaving oldest first cost no pass each). A grant (or a
+/// refresh) added at most the newest hold: if a hold granted at the recorded oldest time is
+/// still there, and the newest is no older, the oldest is unchanged.
 pub fn follow_change(stored: &Stored, key: &[u8], event: Event) {
     let lock = stored.lock();
     let recorded = ages().since_of(stored.id(), stored.age_slot());
-    if let Some(recorded) = recorded {
-        let newest = lock
-            .members()
-            .last()
-            .map(|m| &m.holder)
-            .or(lock.holder.as_ref())
-            .map(|h| h.grant.since);
-        let kept = match event {
-            Event::Acquire => newest.is_some_and(|since| since >= recorded),
-            Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease => true,
-            _ => false,
-        };
-        if kept && lock.all_holders().any(|(_, h)| h.grant.since == recorded) {
-            return;
+    let oldest = match (recorded, event) {
+        (Some(_), Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease) => {
+            lock.oldest_grant()
         }
+        (Some(recorded), Event::Acquire) => {
+            let newest = lock
+                .members()
+                .last()
+                .map(|m| &m.holder)
+                .or(lock.holder.as_ref())
+                .map(|h| h.grant.since);
+            if newest.is_some_and(|since| since >= recorded)
+                && lock.all_holders().any(|(_, h)| h.grant.since == recorded)
+            {
+                return;
+            }
+            lock.oldest_grant()
+        }
+        _ => lock.oldest_grant(),
+    };
+    if recorded.is_some() && oldest == recorded {
+        return;
     }
-    set_oldest(stored, key, age_of(lock));
+    set_oldest(
+        stored,
+        key,
+        lock.has_holders().then(|| oldest.unwrap_or(UNKNOWN)),
+    );
 }
 
 fn set_oldest(stored: &Stored, key: &[u8], since: Option<u64>) {
