@@ -603,3 +603,261 @@ mod review13_tests {
         );
     }
 }
+
+/// review15: probes of 9de9ce0 (joins at multiples of JOIN_STEP, retain that joins).
+#[cfg(test)]
+mod review15_tests {
+    use super::*;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    fn sizes(map: &ChunkedMap<u64, ()>) -> Vec<usize> {
+        map.chunks.values().map(VecDeque::len).collect()
+    }
+
+    /// A map of `sizes.len()` chunks with exactly these sizes (keys spaced by 1,000 per chunk),
+    /// built by filling each chunk in order and removing from its back.
+    fn with_sizes(sizes: &[usize]) -> ChunkedMap<u64, ()> {
+        let mut map = ChunkedMap::new();
+        for (c, _) in sizes.iter().enumerate() {
+            for i in 0..CAP as u64 {
+                map.insert(c as u64 * 1_000 + i, ());
+            }
+        }
+        assert_eq!(map.chunk_count(), sizes.len());
+        // Only removals that keep every chunk above a quarter and off multiples of 8 would keep
+        // chunks apart; set the sizes straight through the B-tree instead.
+        for (c, &size) in sizes.iter().enumerate() {
+            let chunk = map.chunks.get_mut(&(c as u64 * 1_000)).unwrap();
+            chunk.truncate(size);
+        }
+        map.len = sizes.iter().sum();
+        map.check();
+        map
+    }
+
+    /// Removals in every order the join rule could be beaten by (halves, alternate chunks,
+    /// three phases with different targets, random), each step checked: the doc promises a
+    /// map thinned out in whatever order keeps about a fifth of a chunk per chunk or more.
+    #[test]
+    fn review15_adversarial_removal_orders_keep_a_fifth_of_a_chunk_per_chunk() {
+        let cap = CAP as u64;
+        let chunks = 60_u64;
+        // (phase targets per chunk class): chunk c of class c % k is thinned to targets[phase][class].
+        let schedules: Vec<(&str, u64, Vec<Vec<u64>>)> = vec![
+            (
+                "odd to 1, then even to 17",
+                2,
+                vec![vec![64, 1], vec![17, 1]],
+            ),
+            ("even to 17, odd to 25", 2, vec![vec![17, 64], vec![17, 25]]),
+            (
+                "even to 1 beside 48, then odd to 41",
+                2,
+                vec![vec![1, 48], vec![1, 41]],
+            ),
+            (
+                "thirds",
+                3,
+                vec![vec![1, 64, 64], vec![1, 41, 64], vec![1, 41, 23]],
+            ),
+            (
+                "thirds b",
+                3,
+                vec![vec![64, 64, 1], vec![41, 64, 1], vec![41, 25, 1]],
+            ),
+            (
+                "quarters",
+                4,
+                vec![vec![1, 64, 1, 64], vec![1, 47, 1, 47], vec![1, 41, 1, 41]],
+            ),
+        ];
+        for (name, k, phases) in schedules {
+            for from_front in [false, true] {
+                let mut map = ChunkedMap::new();
+                for i in 0..chunks * cap {
+                    map.insert(i, ());
+                }
+                let mut left: Vec<u64> = vec![cap; chunks as usize];
+                for targets in &phases {
+                    for c in 0..chunks {
+                        let target = targets[(c % k) as usize];
+                        while left[c as usize] > target {
+                            let i = if from_front {
+                                cap - left[c as usize]
+                            } else {
+                                left[c as usize] - 1
+                            };
+                            assert_eq!(map.remove(&(c * cap + i)), Some(()), "{name}");
+                            left[c as usize] -= 1;
+                        }
+                    }
+                    map.check();
+                }
+                let per_chunk = map.len() as f64 / map.chunk_count() as f64;
+                assert!(
+                    per_chunk >= CAP as f64 / 5.0,
+                    "{name} (from front {from_front}): {} entries in {} chunks ({per_chunk:.1} per chunk), sizes {:?}",
+                    map.len(),
+                    map.chunk_count(),
+                    &sizes(&map)[..12.min(map.chunk_count())]
+                );
+            }
+        }
+        // Random removal orders down to a tenth.
+        for seed in [1_u64, 2, 3, 0xfeed] {
+            let mut rng = Rng(seed);
+            let mut map = ChunkedMap::new();
+            let n = 100 * cap;
+            for i in 0..n {
+                map.insert(i, ());
+            }
+            let mut keys: Vec<u64> = (0..n).collect();
+            for i in (1..keys.len()).rev() {
+                keys.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            }
+            for key in &keys[..(n as usize * 9 / 10)] {
+                assert_eq!(map.remove(key), Some(()));
+            }
+            map.check();
+            let per_chunk = map.len() as f64 / map.chunk_count() as f64;
+            assert!(per_chunk >= CAP as f64 / 5.0, "seed {seed}: {per_chunk:.1}");
+        }
+    }
+
+    /// Entries whose keys come in descending order just past a full chunk (deadlines that come
+    /// a little earlier each time, e.g. leases of a shrinking remaining budget) each start a
+    /// chunk of their own: a 64-entry allocation per entry.
+    #[test]
+    fn review15_descending_keys_past_a_full_chunk_share_chunks() {
+        let mut map = ChunkedMap::new();
+        for i in 0..CAP as u64 {
+            map.insert(i, ());
+        }
+        for key in (1_000..1_000 + 10 * CAP as u64).rev() {
+            map.insert(key, ());
+        }
+        map.check();
+        assert_eq!(map.len(), 11 * CAP);
+        assert!(
+            map.chunk_count() <= 2 * 11,
+            "{} chunks for {} entries (fill {:.3})",
+            map.chunk_count(),
+            map.len(),
+            map.len() as f64 / (map.chunk_count() * CAP) as f64
+        );
+    }
+
+    /// A chunk oscillating at a join threshold (24/25, 32/33, 40/41, 48/49, 16/17) or at a
+    /// split (64/65) with inserts and removals alternating: at most one join or split in all,
+    /// not one per change.
+    #[test]
+    fn review15_alternating_changes_at_thresholds_do_not_join_and_split_each_time() {
+        for (size, neighbour) in [
+            (25, 24),
+            (25, 23),
+            (33, 16),
+            (33, 15),
+            (41, 8),
+            (41, 7),
+            (49, 1),
+            (17, 32),
+            (17, 31),
+            (64, 1),
+            (64, 16),
+        ] {
+            for neighbour_after in [false, true] {
+                let sizes_in = if neighbour_after {
+                    vec![64, size, neighbour, 64]
+                } else {
+                    vec![64, neighbour, size, 64]
+                };
+                let at = if neighbour_after { 1 } else { 2 } as u64;
+                let mut map = with_sizes(&sizes_in);
+                let mut changes = 0;
+                let mut count = map.chunk_count();
+                for round in 0..10_000_u64 {
+                    // Remove one of the chunk's middle entries, then put it back (or the other
+                    // way round): the chunk's size moves by one.
+                    let key = at * 1_000 + (size as u64 / 2) + round % 3;
+                    if size == 64 {
+                        let fresh = at * 1_000 + 500 + round % 7;
+                        assert_eq!(map.insert(fresh, ()), None);
+                        assert_eq!(map.remove(&fresh), Some(()));
+                    } else {
+                        assert_eq!(map.remove(&key), Some(()));
+                        assert_eq!(map.insert(key, ()), None);
+                    }
+                    if map.chunk_count() != count {
+                        changes += 1;
+                        count = map.chunk_count();
+                    }
+                }
+                map.check();
+                assert!(
+                    changes <= 2,
+                    "size {size} beside {neighbour} (after {neighbour_after}): {changes} joins/splits in 10,000 rounds, sizes now {:?}",
+                    sizes(&map)
+                );
+            }
+        }
+    }
+
+    /// retain: entries in order, every invariant, nothing lost; what is left of neighbouring
+    /// chunks is joined while it fits (no two neighbours that fit in JOINED together), and a
+    /// retain that keeps all adds no chunk.
+    #[test]
+    fn review15_retain_keeps_order_and_joins_what_fits() {
+        for seed in [5_u64, 6, 7, 8, 9] {
+            let mut rng = Rng(seed);
+            let mut map = ChunkedMap::new();
+            let mut model = std::collections::BTreeMap::new();
+            for step in 0..6_000_u64 {
+                let key = rng.next() % 20_000;
+                assert_eq!(map.insert(key, step), model.insert(key, step));
+            }
+            let before = map.chunk_count();
+            map.retain(|_, _| true);
+            map.check();
+            assert!(map.chunk_count() <= before, "a retain that keeps all");
+            let m = 2 + rng.next() % 9;
+            map.retain(|k, _| k % m == 0);
+            model.retain(|k, _| k % m == 0);
+            map.check();
+            let entries: Vec<(u64, u64)> =
+                map.entries().into_iter().map(|(k, v)| (k, *v)).collect();
+            let expected: Vec<(u64, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
+            assert_eq!(entries, expected, "seed {seed}");
+            let s: Vec<usize> = map.chunks.values().map(VecDeque::len).collect();
+            for pair in s.windows(2) {
+                assert!(
+                    pair[0] + pair[1] > JOINED,
+                    "seed {seed}: neighbours {pair:?} fit together"
+                );
+            }
+            // And the map goes on working as a map after the retain.
+            for step in 0..3_000_u64 {
+                let key = rng.next() % 20_000;
+                if rng.next() % 2 == 0 {
+                    assert_eq!(map.insert(key, step), model.insert(key, step));
+                } else {
+                    assert_eq!(map.remove(&key), model.remove(&key));
+                }
+                map.check();
+            }
+            while let Some(entry) = model.pop_first() {
+                assert_eq!(map.pop_first(), Some(entry));
+            }
+            assert_eq!(map.chunk_count(), 0);
+        }
+    }
+}

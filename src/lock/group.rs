@@ -754,3 +754,425 @@ mod tests {
         assert_eq!(lock.long_fences(), vec![x]);
     }
 }
+
+/// review15: the kept `ordered` hint of e9201a1 against the exact oldest grant, through every
+/// way members change, on a primary and on a replica applying its effects.
+#[cfg(test)]
+mod review15_tests {
+    use super::{Group, Member, MemberChange};
+    use crate::lock::codec::{
+        effect_args, member_effect_args, parse_effect, parse_member_effect, removals_effect_args,
+    };
+    use crate::lock::core::tests::{asking, dg, T0};
+    use crate::lock::core::{Acquire, Lock, Mode};
+    use crate::lock::event::Event;
+    use crate::lock::grant::{Grant, Holder};
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    /// The exact answer, by a pass over every holder.
+    fn exact(lock: &Lock) -> Option<u64> {
+        lock.all_holders()
+            .map(|(_, h)| h.grant.since)
+            .filter(|since| *since > 0)
+            .min()
+    }
+
+    fn whole_state(lock: &Lock) -> Lock {
+        let args = effect_args(Event::Sync, lock);
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        parse_effect(&refs).expect("a whole state parses").lock
+    }
+
+    /// Applies a member effect as a replica does; false when the replica refused it (the
+    /// walk then sends the whole state, as a resync would).
+    fn apply(replica: &mut Lock, args: &[Vec<u8>], what: &str) -> bool {
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let e = parse_member_effect(&refs)
+            .unwrap_or_else(|| panic!("{what}: not a member effect"))
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        replica
+            .apply_member(e.fence, e.limit, e.now, e.change)
+            .is_ok()
+    }
+
+    /// A member granted at `since` (0: unknown, as loaded from an older release).
+    fn member(name: &[u8], fence: u64, since: u64, deadline: u64) -> Member {
+        Member::new(
+            fence,
+            Holder {
+                deadline,
+                holds: 1,
+                session: false,
+                provisional: false,
+                long: false,
+                grant: Box::new(Grant::new(dg(name), 0, since, 0, b"")),
+            },
+        )
+    }
+
+    #[test]
+    fn review15_oldest_grant_is_exact_whatever_changes_the_members() {
+        let cases: u64 = std::env::var("REVIEW15_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(80);
+        let mut ops_seen = [0u32; 20];
+        let (mut applied, mut refused) = (0u32, 0u32);
+        for case in 0..cases {
+            let mut rng = Rng(0x0DE5_7000 + case);
+            let mut primary = Lock::default();
+            let mut replica = Lock::default();
+            let mut now = T0;
+            let mut floor = 0;
+            let limit = if case % 3 == 1 {
+                6 + (case % 7) as u32
+            } else {
+                0
+            };
+            let mode = if limit == 0 {
+                Mode::Shared
+            } else {
+                Mode::Permit(limit)
+            };
+            let pool = 4 + rng.below(30);
+            for step in 0..500u64 {
+                let what = format!("case {case} step {step}");
+                // Time goes on, stands still, or steps back (a clock step).
+                now = match rng.below(12) {
+                    0 => now,
+                    1..=7 => now + rng.below(30),
+                    8 | 9 => now + rng.below(400),
+                    _ => now.saturating_sub(rng.below(200)).max(T0 - 5_000),
+                };
+                let name = format!("t{}", rng.below(pool)).into_bytes();
+                let token = dg(&name);
+                let ttl = 200 + rng.below(1_500);
+                let mut effect: Option<Vec<Vec<u8>>> = None;
+                let mut whole = false;
+                let op = rng.below(20);
+                ops_seen[op as usize] += 1;
+                match op {
+                    0..=5 => {
+                        let mut request = asking(&name, ttl, mode);
+                        request.reentrant = rng.chance(25);
+                        request.session = rng.chance(30);
+                        let had_group = primary.group.is_some();
+                        match primary.grant(&request, floor, now) {
+                            Ok(Acquire::Granted { fence }) => {
+                                floor = floor.max(fence);
+                                if had_group && primary.group.is_some() {
+                                    effect = Some(member_effect_args(
+                                        Event::Acquire,
+                                        &primary,
+                                        &token,
+                                        now,
+                                    ));
+                                } else {
+                                    whole = true;
+                                }
+                            }
+                            Ok(Acquire::Refreshed { .. }) => {
+                                effect = primary.group.is_some().then(|| {
+                                    member_effect_args(Event::Acquire, &primary, &token, now)
+                                });
+                                whole = effect.is_none();
+                            }
+                            Ok(Acquire::Downgraded { .. }) => whole = true,
+                            _ => {}
+                        }
+                    }
+                    6 => {
+                        // A member of unknown grant time joins (a holder loaded from an older
+                        // release's RDB, or applied by a replica as such).
+                        let cap = if limit == 0 { 1_000 } else { limit as usize };
+                        if let Some(g) = primary.group.as_deref_mut() {
+                            g.drop_overdue(now);
+                        }
+                        if primary.holder.is_none() && primary.live_count(now) < cap {
+                            let fence = primary.fence.max(floor) + 1;
+                            if !primary.members().iter().any(|m| m.holder.token() == &token) {
+                                primary.group.get_or_insert_with(Box::default).limit = limit;
+                                let g = primary.group.as_deref_mut().unwrap();
+                                g.push(member(&name, fence, 0, now + ttl));
+                                primary.fence = fence;
+                                floor = fence;
+                                effect =
+                                    Some(member_effect_args(Event::Acquire, &primary, &token, now));
+                            }
+                        }
+                    }
+                    7 => {
+                        if limit == 0 {
+                            let request = asking(&name, ttl, Mode::Exclusive);
+                            if let Ok(Acquire::Granted { fence } | Acquire::Refreshed { fence }) =
+                                primary.grant(&request, floor, now)
+                            {
+                                floor = floor.max(fence);
+                                whole = true;
+                            }
+                        }
+                    }
+                    8..=10 => match primary.release(&token, now) {
+                        Some(done) => {
+                            let event = if done {
+                                Event::Release
+                            } else {
+                                Event::DropHold
+                            };
+                            effect = primary
+                                .group
+                                .is_some()
+                                .then(|| member_effect_args(event, &primary, &token, now));
+                            whole = effect.is_none();
+                        }
+                        None => {}
+                    },
+                    11 => {
+                        if primary.renew(&token, ttl, now) {
+                            effect = primary
+                                .group
+                                .is_some()
+                                .then(|| member_effect_args(Event::Renew, &primary, &token, now));
+                            whole = effect.is_none();
+                        }
+                    }
+                    12 | 13 => {
+                        if rng.chance(40) {
+                            now += 800 + rng.below(900);
+                        }
+                        let budget = [1, 3, 9, usize::MAX][rng.below(4) as usize];
+                        let gone = primary.expire_members(now, budget);
+                        let tokens: Vec<_> = gone.iter().map(|m| *m.holder.token()).collect();
+                        if !tokens.is_empty() {
+                            if primary.group.is_some() {
+                                effect = Some(removals_effect_args(
+                                    Event::Expired,
+                                    &primary,
+                                    &tokens,
+                                    now,
+                                ));
+                            } else {
+                                whole = true;
+                            }
+                        }
+                        if primary.expire(now) {
+                            whole = true;
+                        }
+                    }
+                    14 => {
+                        let tokens: std::collections::HashSet<_> = (0..1 + rng.below(12))
+                            .map(|_| dg(format!("t{}", rng.below(pool)).as_bytes()))
+                            .collect();
+                        let gone = primary.end_member_sessions(&tokens, now);
+                        let tokens: Vec<_> = gone.iter().map(|m| *m.holder.token()).collect();
+                        if !tokens.is_empty() {
+                            if primary.group.is_some() {
+                                effect = Some(removals_effect_args(
+                                    Event::SessionEnd,
+                                    &primary,
+                                    &tokens,
+                                    now,
+                                ));
+                            } else {
+                                whole = true;
+                            }
+                        }
+                    }
+                    15 => {
+                        if rng.chance(30) && primary.force_release(now) {
+                            whole = true;
+                        }
+                    }
+                    16 => {
+                        // A member's grant time changes in place (a replica's member restated
+                        // by the primary, `replace`): earlier, later or unknown.
+                        if let Some(g) = primary.group.as_deref_mut() {
+                            if !g.members.is_empty() {
+                                let i = rng.below(g.members.len() as u64) as usize;
+                                let mut m = g.members[i].clone();
+                                m.holder.grant.since = match rng.below(3) {
+                                    0 => 0,
+                                    1 => now.saturating_sub(rng.below(5_000)),
+                                    _ => now + rng.below(100),
+                                };
+                                g.replace(i, m);
+                                whole = true;
+                            }
+                        }
+                    }
+                    17 => {
+                        // Removals straight on the group: one, from the back, where.
+                        if let Some(g) = primary.group.as_deref_mut() {
+                            let n = g.members.len() as u64;
+                            if n > 0 {
+                                match rng.below(3) {
+                                    0 => {
+                                        g.remove(rng.below(n) as usize);
+                                    }
+                                    1 => {
+                                        let mut at: Vec<usize> = (0..1 + rng.below(3))
+                                            .map(|_| rng.below(n) as usize)
+                                            .collect();
+                                        at.sort_unstable();
+                                        at.dedup();
+                                        at.reverse();
+                                        g.remove_from_back(&at);
+                                    }
+                                    _ => {
+                                        let m = 2 + rng.below(3);
+                                        g.remove_where(|x| x.fence % m == 0);
+                                    }
+                                }
+                                if g.limit == 0 && g.members.is_empty() {
+                                    primary.group = None;
+                                }
+                                whole = true;
+                            }
+                        }
+                    }
+                    18 => {
+                        // A whole state: the primary's lock as loaded (codec round trip).
+                        primary = whole_state(&primary);
+                        whole = true;
+                    }
+                    _ => {
+                        // Long marks (hint `marked`), then on.
+                        let _ = primary.mark_long(100 + rng.below(500), now);
+                    }
+                }
+                if let Some(args) = effect {
+                    if apply(&mut replica, &args, &what) {
+                        applied += 1;
+                    } else {
+                        refused += 1;
+                        replica = whole_state(&primary);
+                    }
+                } else if whole {
+                    replica = whole_state(&primary);
+                }
+                // Asked at most steps (keeping the hint), not at all at others.
+                if rng.chance(85) {
+                    assert_eq!(
+                        primary.oldest_grant(),
+                        exact(&primary),
+                        "{what}: primary {:?}",
+                        primary
+                            .members()
+                            .iter()
+                            .map(|m| m.holder.grant.since)
+                            .collect::<Vec<_>>()
+                    );
+                }
+                if rng.chance(85) {
+                    assert_eq!(
+                        replica.oldest_grant(),
+                        exact(&replica),
+                        "{what}: replica {:?}",
+                        replica
+                            .members()
+                            .iter()
+                            .map(|m| m.holder.grant.since)
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+        assert!(ops_seen.iter().all(|n| *n > 0), "{ops_seen:?}");
+        // Most member effects apply as they are (the replica's own hint kept through them).
+        assert!(
+            applied > 20 * refused.max(1),
+            "applied {applied}, refused {refused}"
+        );
+    }
+
+    /// Direct sequences on a group: every order of push (in order, earlier, equal, unknown),
+    /// replace, remove, remove_where, change_members, with the hint asked between each.
+    #[test]
+    fn review15_group_hint_through_direct_sequences() {
+        for seed in 0..400u64 {
+            let mut rng = Rng(0xAB00 + seed);
+            let mut g = Group::default();
+            let mut fence = 0;
+            let mut t = T0;
+            for step in 0..120 {
+                let n = g.members.len() as u64;
+                match rng.below(8) {
+                    0..=2 => {
+                        fence += 1;
+                        let since = match rng.below(6) {
+                            0 => 0,
+                            1 => t.saturating_sub(rng.below(50)),
+                            2 => t,
+                            _ => {
+                                t += rng.below(20);
+                                t
+                            }
+                        };
+                        g.push(member(
+                            format!("m{fence}").as_bytes(),
+                            fence,
+                            since,
+                            T0 + 1_000_000,
+                        ));
+                    }
+                    3 if n > 0 => {
+                        let i = rng.below(n) as usize;
+                        let mut m = g.members[i].clone();
+                        m.holder.grant.since = [0, T0 - 1, t, t + 5][rng.below(4) as usize];
+                        g.replace(i, m);
+                    }
+                    4 if n > 0 => {
+                        g.remove(rng.below(n) as usize);
+                    }
+                    5 if n > 0 => {
+                        let m = 2 + rng.below(4);
+                        g.remove_where(|x| x.fence % m == 0);
+                    }
+                    6 if n > 0 => {
+                        let i = rng.below(n) as usize;
+                        let since = [0, T0 - 3, t + 1][rng.below(3) as usize];
+                        g.change_members(|ms| ms[i].holder.grant.since = since);
+                    }
+                    _ => {
+                        g.hints = g.hints.after_deadlines_moved();
+                    }
+                }
+                if rng.chance(70) {
+                    let truth = g
+                        .members
+                        .iter()
+                        .map(|m| m.holder.grant.since)
+                        .filter(|s| *s > 0)
+                        .min();
+                    assert_eq!(
+                        g.oldest_grant(),
+                        truth,
+                        "seed {seed} step {step}: {:?}",
+                        g.members
+                            .iter()
+                            .map(|m| m.holder.grant.since)
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+        let _ = MemberChange::Remove(Vec::new());
+    }
+}

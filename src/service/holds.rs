@@ -304,3 +304,228 @@ pub fn longholds(ctx: &Context, args: &[RedisString]) -> CommandResult {
         .collect();
     reply_nested(ctx, Nested::List(entries))
 }
+
+/// review15: `follow_change` (rewritten in e9201a1) keeps the ages' record of a lock's oldest
+/// hold exact through random sequences of every event, against the parent commit's logic.
+#[cfg(test)]
+mod review15_tests {
+    use super::*;
+    use crate::lock::codec::{effect_args, parse_effect};
+    use crate::lock::core::tests::{asking, dg, T0};
+    use crate::lock::core::{Acquire, Mode};
+    use crate::lock::grant::{Grant, Holder};
+    use crate::lock::group::Member;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    /// `follow_change` as it was before e9201a1.
+    fn old_follow_change(stored: &Stored, key: &[u8], event: Event) {
+        let lock = stored.lock();
+        let recorded = ages().since_of(stored.id(), stored.age_slot());
+        if let Some(recorded) = recorded {
+            let newest = lock
+                .members()
+                .last()
+                .map(|m| &m.holder)
+                .or(lock.holder.as_ref())
+                .map(|h| h.grant.since);
+            let kept = match event {
+                Event::Acquire => newest.is_some_and(|since| since >= recorded),
+                Event::Release | Event::SessionEnd | Event::Expired | Event::ForceRelease => true,
+                _ => false,
+            };
+            if kept && lock.all_holders().any(|(_, h)| h.grant.since == recorded) {
+                return;
+            }
+        }
+        set_oldest(stored, key, age_of(lock));
+    }
+
+    fn exact(lock: &Lock) -> Option<u64> {
+        lock.all_holders()
+            .map(|(_, h)| h.grant.since)
+            .filter(|since| *since > 0)
+            .min()
+    }
+
+    /// What the ages hold for `stored`: (tracked, its oldest known grant time).
+    fn recorded(stored: &Stored) -> (bool, Option<u64>) {
+        let tracked = stored.age_slot().is_some();
+        (tracked, ages().since_of(stored.id(), stored.age_slot()))
+    }
+
+    #[test]
+    fn review15_follow_change_keeps_the_exact_oldest_through_every_event() {
+        let mut counts = std::collections::BTreeMap::new();
+        for case in 0..60u64 {
+            let mut rng = Rng(0xA6E5_0000 + case);
+            let key = format!("review15:ages:{case}").into_bytes();
+            // The new logic on one value, the old on another: the same changes to both.
+            let mut new = Stored::new(Lock::default());
+            let mut old = Stored::new(Lock::default());
+            follow(&new, &key);
+            follow(&old, &key);
+            let limit = if case % 3 == 2 { 5 } else { 0 };
+            let mode = if limit == 0 {
+                Mode::Shared
+            } else {
+                Mode::Permit(limit)
+            };
+            let pool = 3 + rng.below(20);
+            let mut now = T0;
+            let mut floor = 0;
+            for step in 0..400u64 {
+                now = match rng.below(10) {
+                    0 => now,
+                    1..=6 => now + rng.below(40),
+                    7 => now + 500 + rng.below(1_000),
+                    _ => now.saturating_sub(rng.below(300)),
+                };
+                let name = format!("t{}", rng.below(pool)).into_bytes();
+                let token = dg(&name);
+                let ttl = 300 + rng.below(1_500);
+                let op = rng.below(16);
+                let session = rng.chance(30);
+                let reentrant = rng.chance(25);
+                let budget = 1 + rng.below(10) as usize;
+                let force = rng.chance(30);
+                let sync_to = (op == 14).then(|| {
+                    let args = effect_args(Event::Sync, new.lock());
+                    let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+                    parse_effect(&refs).expect("a whole state parses").lock
+                });
+                let change = |lock: &mut Lock| -> Option<Event> {
+                    match op {
+                        0..=4 => {
+                            let mut request = asking(&name, ttl, mode);
+                            request.session = session;
+                            request.reentrant = reentrant;
+                            while lock.expire(now) {}
+                            match lock.grant(&request, floor, now) {
+                                Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => {
+                                    Some(Event::Acquire)
+                                }
+                                Ok(Acquire::Downgraded { .. }) => Some(Event::Downgrade),
+                                _ => None,
+                            }
+                        }
+                        5 if limit == 0 => {
+                            let request = asking(&name, ttl, Mode::Exclusive);
+                            while lock.expire(now) {}
+                            match lock.grant(&request, floor, now) {
+                                Ok(Acquire::Granted { .. } | Acquire::Refreshed { .. }) => {
+                                    Some(Event::Acquire)
+                                }
+                                _ => None,
+                            }
+                        }
+                        6 | 7 => match lock.release(&token, now) {
+                            Some(true) => Some(Event::Release),
+                            Some(false) => Some(Event::DropHold),
+                            None => None,
+                        },
+                        8 => lock.renew(&token, ttl, now).then_some(Event::Renew),
+                        9 => {
+                            let gone = lock.expire_members(now, budget);
+                            (!gone.is_empty() || lock.expire(now)).then_some(Event::Expired)
+                        }
+                        10 => lock.end_session(&token, now).then_some(Event::SessionEnd),
+                        11 => (force && lock.force_release(now)).then_some(Event::ForceRelease),
+                        12 => {
+                            // A holder of unknown grant time arrives (an older release's
+                            // holder, applied as a replica applies a member).
+                            if lock.holder.is_some()
+                                || lock.members().iter().any(|m| *m.holder.token() == token)
+                            {
+                                return None;
+                            }
+                            if limit > 0 && lock.members().len() >= limit as usize {
+                                return None;
+                            }
+                            let group = lock.group.get_or_insert_with(Box::default);
+                            group.limit = limit;
+                            let fence = lock.fence.max(floor) + 1;
+                            group.push(Member::new(
+                                fence,
+                                Holder {
+                                    deadline: now + ttl,
+                                    holds: 1,
+                                    session: false,
+                                    provisional: false,
+                                    long: false,
+                                    grant: Box::new(Grant::new(token, 0, 0, 0, b"")),
+                                },
+                            ));
+                            lock.fence = fence;
+                            Some(Event::Acquire)
+                        }
+                        13 => {
+                            let _ = lock.mark_long(200, now);
+                            None
+                        }
+                        14 => {
+                            *lock = sync_to.clone()?;
+                            Some(Event::Sync)
+                        }
+                        _ => None,
+                    }
+                };
+                let event_new = new.update_at(now, change.clone());
+                let event_old = old.update_at(now, change);
+                assert_eq!(event_new, event_old);
+                floor = floor.max(new.lock().fence);
+                let Some(event) = event_new else { continue };
+                *counts.entry(format!("{event:?}")).or_insert(0u32) += 1;
+                follow_change(&new, &key, event);
+                old_follow_change(&old, &key, event);
+                let what = format!("case {case} step {step} {event:?}");
+                let truth = exact(new.lock());
+                let held = new.lock().has_holders();
+                assert_eq!(recorded(&old), (held, truth), "{what}: the parent's logic");
+                assert_eq!(
+                    recorded(&new),
+                    (held, truth),
+                    "{what}: {:?}",
+                    new.lock()
+                        .all_holders()
+                        .map(|(_, h)| h.grant.since)
+                        .collect::<Vec<_>>()
+                );
+            }
+            set_oldest(&new, &key, None);
+            set_oldest(&old, &key, None);
+        }
+        for event in [
+            "Acquire",
+            "Release",
+            "DropHold",
+            "Renew",
+            "Expired",
+            "SessionEnd",
+            "ForceRelease",
+            "Downgrade",
+            "Sync",
+        ] {
+            assert!(
+                counts.get(event).is_some_and(|n| *n > 0),
+                "{event} never came: {counts:?}"
+            );
+        }
+    }
+}
