@@ -96,11 +96,22 @@ impl<K: Ord + Copy, V> ChunkedMap<K, V> {
             return None;
         }
         if place == chunk.len() {
-            // Past a full chunk's last entry (every key of the next chunk is above `key`): a
-            // new chunk, so entries that come in order leave full chunks behind them.
-            let mut fresh = VecDeque::with_capacity(CAP);
-            fresh.push_back((key, value));
-            self.chunks.insert(key, fresh);
+            // Past a full chunk's last entry (every key of the next chunk is above `key`): the
+            // next chunk takes it first, keyed anew, when it has room (keys that come in
+            // descending order share a chunk); else a new chunk, so entries that come in order
+            // leave full chunks behind them.
+            let next = self
+                .chunks
+                .range((Bound::Excluded(at), Bound::Unbounded))
+                .next()
+                .filter(|(_, next)| next.len() < CAP)
+                .map(|(next, _)| *next);
+            let mut taker = match next.and_then(|next| self.chunks.remove(&next)) {
+                Some(next) => next,
+                None => VecDeque::with_capacity(CAP),
+            };
+            taker.push_front((key, value));
+            self.chunks.insert(key, taker);
             return None;
         }
         let mut right: Chunk<K, V> = VecDeque::with_capacity(CAP);

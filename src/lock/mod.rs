@@ -20,9 +20,9 @@ pub mod group;
 pub mod lease_index;
 #[cfg(test)]
 mod model_tests;
+pub mod queues;
 #[cfg(test)]
 mod review14_tests;
-pub mod queues;
 pub mod sessions;
 pub mod slots;
 #[cfg(test)]
