@@ -929,8 +929,8 @@ mod review15_tests {
                             }
                         }
                     }
-                    8..=10 => match primary.release(&token, now) {
-                        Some(done) => {
+                    8..=10 => {
+                        if let Some(done) = primary.release(&token, now) {
                             let event = if done {
                                 Event::Release
                             } else {
@@ -942,8 +942,7 @@ mod review15_tests {
                                 .then(|| member_effect_args(event, &primary, &token, now));
                             whole = effect.is_none();
                         }
-                        None => {}
-                    },
+                    }
                     11 => {
                         if primary.renew(&token, ttl, now) {
                             effect = primary

@@ -486,7 +486,7 @@ mod review15_tests {
                         _ => None,
                     }
                 };
-                let event_new = new.update_at(now, change.clone());
+                let event_new = new.update_at(now, change);
                 let event_old = old.update_at(now, change);
                 assert_eq!(event_new, event_old);
                 floor = floor.max(new.lock().fence);
