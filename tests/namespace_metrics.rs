@@ -232,9 +232,7 @@ fn a_policy_or_threshold_changed_again_while_locks_are_being_walked_ends_with_th
     // `k0:` still in it and some of `k1:` not yet.
     wait_for("every held lock to be counted in its namespace", || {
         let held = |name| namespace_info(&server, name).map(|f| f["held"]);
-        (held("a") == Some(third)
-            && held("b") == Some(third - 1)
-            && held("default") == Some(third))
+        (held("a") == Some(third) && held("b") == Some(third - 1) && held("default") == Some(third))
             .then_some(())
     });
     assert_eq!(server.info_int("lock_held"), LOCKS as i64 - 1);
