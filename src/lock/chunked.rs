@@ -265,17 +265,7 @@ impl<K: Ord + Copy, V> ChunkedMap<K, V> {
 mod tests {
     use super::*;
 
-    /// A small deterministic generator (xorshift), so a failing sequence can be replayed.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::lock::model_tests::Rng;
 
     #[test]
     fn entries_that_come_in_order_fill_their_chunks() {
@@ -390,16 +380,7 @@ mod tests {
 mod review13_tests {
     use super::*;
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::lock::model_tests::Rng;
 
     /// Entries per allocated chunk slot: what a map's entries cost against their own size.
     fn fill(map: &ChunkedMap<u64, ()>) -> f64 {
@@ -614,16 +595,7 @@ mod review13_tests {
 mod review15_tests {
     use super::*;
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::lock::model_tests::Rng;
 
     fn sizes(map: &ChunkedMap<u64, ()>) -> Vec<usize> {
         map.chunks.values().map(VecDeque::len).collect()

@@ -623,13 +623,20 @@ pub struct Reclaimed {
 /// Parses the arguments of `LOCK.APPLY` after the key when they carry a freeing change and the
 /// reclaim after it; `None` for every other effect.
 pub fn parse_reclaimed(args: &[&[u8]]) -> Option<Result<Reclaimed, LockError>> {
+    marked(args, RECLAIMED, reclaimed)
+}
+
+/// `parse` of the arguments of `LOCK.APPLY` after the key (the state and what follows it)
+/// when the state's marker is `wanted`; `None` for every other effect.
+fn marked<T>(
+    args: &[&[u8]],
+    wanted: &[u8],
+    parse: impl FnOnce(&[u8], &[&[u8]]) -> Result<T, LockError>,
+) -> Option<Result<T, LockError>> {
     let [state, rest @ ..] = args else {
         return None;
     };
-    if marker(state) != Some(RECLAIMED) {
-        return None;
-    }
-    Some(reclaimed(state, rest))
+    (marker(state) == Some(wanted)).then(|| parse(state, rest))
 }
 
 fn reclaimed(state: &[u8], rest: &[&[u8]]) -> Result<Reclaimed, LockError> {
@@ -667,13 +674,7 @@ pub struct Renewal {
 /// Parses the arguments of `LOCK.APPLY` after the key when they carry a renewal; `None` for
 /// every other effect.
 pub fn parse_renewal(args: &[&[u8]]) -> Option<Result<Renewal, LockError>> {
-    let [state, rest @ ..] = args else {
-        return None;
-    };
-    if marker(state) != Some(RENEWAL) {
-        return None;
-    }
-    Some(renewal(state, rest))
+    marked(args, RENEWAL, renewal)
 }
 
 fn renewal(state: &[u8], rest: &[&[u8]]) -> Result<Renewal, LockError> {

@@ -768,23 +768,7 @@ mod review15_tests {
     use crate::lock::event::Event;
     use crate::lock::grant::{Grant, Holder};
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn chance(&mut self, percent: u64) -> bool {
-            self.below(100) < percent
-        }
-    }
+    use crate::lock::model_tests::Rng;
 
     /// The exact answer, by a pass over every holder.
     fn exact(lock: &Lock) -> Option<u64> {

@@ -19,7 +19,7 @@ pub mod grant;
 pub mod group;
 pub mod lease_index;
 #[cfg(test)]
-mod model_tests;
+pub(crate) mod model_tests;
 pub mod queues;
 #[cfg(test)]
 mod review14_tests;
