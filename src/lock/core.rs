@@ -225,10 +225,7 @@ impl Lock {
             .map(|h| h.grant.since)
             .filter(|since| *since > 0);
         let shared = self.group.as_deref().and_then(Group::oldest_grant);
-        match (exclusive, shared) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        exclusive.into_iter().chain(shared).min()
     }
 
     /// When the next hold not yet announced as long becomes one, `threshold` ms after its

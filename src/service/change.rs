@@ -118,11 +118,7 @@ fn change_then(
         Some(token) if alone && had_group && stored.lock().group.is_some() => {
             effects::propagate_hold(ctx, key, event, stored, token, now);
         }
-        _ if reclaim_next
-            && event.frees()
-            && stored.reclaimable(now)
-            && !waiters::queued(ctx, key) =>
-        {
+        _ if reclaim_next && event.frees() && reclaim_of(ctx, key, stored, now) == Reclaim::Now => {
             effects::announce(ctx, key, event, stored, Known::ByEvent);
             held_back = true;
         }
@@ -165,10 +161,6 @@ pub fn expire_overdue(ctx: &Context, key: &RedisString, stored: &mut Stored, now
     expire_overdue_within(ctx, key, stored, now, usize::MAX);
 }
 
-/// [`expire_overdue`] of at most `budget` holders; true when overdue holders remain. Shared and
-/// permit holders go in one pass over them, each announced and replicated on its own, and what
-/// follows a change (the lease index, the ages, the queue) is brought up to date once: a key
-/// with thousands of holders whose leases end together costs O(N), not O(N) per holder.
 /// True when the lock's exclusive holder's lease ran out by `now`.
 fn holder_overdue(stored: &Stored, now: u64) -> bool {
     stored
@@ -199,6 +191,10 @@ fn expire_holder(
     }
 }
 
+/// [`expire_overdue`] of at most `budget` holders; true when overdue holders remain. Shared and
+/// permit holders go in one pass over them, each announced and replicated on its own, and what
+/// follows a change (the lease index, the ages, the queue) is brought up to date once: a key
+/// with thousands of holders whose leases end together costs O(N), not O(N) per holder.
 pub fn expire_overdue_within(
     ctx: &Context,
     key: &RedisString,
@@ -248,6 +244,27 @@ fn remove_members(
     tokens.len()
 }
 
+/// Whether the free lock `stored` in `key` is deleted now.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reclaim {
+    /// Not free, in a lock-delay, or its tombstone time is not up.
+    NotDue,
+    /// Due, but acquirers queue for it: they are served instead.
+    Queued,
+    /// Due, and nobody queues for it.
+    Now,
+}
+
+fn reclaim_of(ctx: &Context, key: &RedisString, stored: &Stored, now: u64) -> Reclaim {
+    if !stored.reclaimable(now) {
+        Reclaim::NotDue
+    } else if waiters::queued(ctx, key) {
+        Reclaim::Queued
+    } else {
+        Reclaim::Now
+    }
+}
+
 /// Deletes the free lock in `key` when its tombstone time is up (at once with
 /// `lock.tombstone-ttl 0`) and nobody queues for it: announced as DEL would be, and replicated
 /// as `LOCK.APPLY key reclaim:fence:floor`. The floor keeps its last fence, so later grants of
@@ -274,12 +291,12 @@ fn reclaim_after(
     let Ok(Some(stored)) = in_key_mut(key) else {
         return false;
     };
-    let queued = stored.reclaimable(now) && waiters::queued(ctx, key_name);
-    if !stored.reclaimable(now) || queued {
+    let reclaim = reclaim_of(ctx, key_name, stored, now);
+    if reclaim != Reclaim::Now {
         if let Some(event) = freed_by {
             effects::replicate(ctx, key_name, event, stored);
         }
-        if queued {
+        if reclaim == Reclaim::Queued {
             // Acquirers are served right after the change that freed the lock; look again
             // later.
             stored.postpone_reclaim(now);
