@@ -32,6 +32,16 @@ fn same_digest(primary: &Server, replica: &Server) {
     );
 }
 
+/// Waits until the primary's timer expired the lease of `key` into its lock-delay (LOCK.INFO
+/// shows an overdue lease as free before the expiry is made and replicated) and returns
+/// `delay_ttl` then.
+fn wait_in_delay(primary: &Server, p: &mut Conn, key: &str) -> i64 {
+    wait_for("the lease to run out into its delay", || {
+        (primary.info_int("lock_expired") == 1 && state_of(p, key) == "free")
+            .then(|| int_field(p, key, "delay_ttl"))
+    })
+}
+
 fn int_field(c: &mut Conn, key: &str, field: &str) -> i64 {
     lock_field(c, key, field).int()
 }
@@ -43,9 +53,7 @@ fn review15_a_forced_release_of_a_delay_keeps_the_free_lock_tombstone_ttl_from_t
     let (primary, replica) = pair("1500");
     let mut p = primary.conn();
     assert!(acquire_with(&mut p, "fd", "t", 100, &["LOCKDELAY", "600000"]).is_int());
-    let delay = wait_for("the lease to run out into its delay", || {
-        (state_of(&mut p, "fd") == "free").then(|| int_field(&mut p, "fd", "delay_ttl"))
-    });
+    let delay = wait_in_delay(&primary, &mut p, "fd");
     assert!(delay > 590_000 && delay <= 600_000, "delay_ttl {delay}");
     same_digest(&primary, &replica);
     let before = now_ms();
@@ -90,9 +98,7 @@ fn review15_a_delay_that_ends_by_itself_serves_its_waiter_at_its_end() {
     let mut p = primary.conn();
     let started = now_ms();
     assert!(acquire_with(&mut p, "dl", "t", 100, &["LOCKDELAY", "1500"]).is_int());
-    let delay = wait_for("the lease to run out into its delay", || {
-        (state_of(&mut p, "dl") == "free").then(|| int_field(&mut p, "dl", "delay_ttl"))
-    });
+    let delay = wait_in_delay(&primary, &mut p, "dl");
     assert!(delay > 0 && delay <= 1500, "delay_ttl {delay}");
     // Nobody gets it during the delay.
     assert_eq!(p.call(&["LOCK.ACQUIRE", "dl", "other", "5000"]), Reply::Nil);
@@ -128,9 +134,7 @@ fn review15_a_forced_release_of_a_delay_with_a_waiter_serves_it_with_tombstone_t
     let (primary, replica) = pair("0");
     let mut p = primary.conn();
     assert!(acquire_with(&mut p, "fw", "t", 100, &["LOCKDELAY", "600000"]).is_int());
-    wait_for("the lease to run out into its delay", || {
-        (state_of(&mut p, "fw") == "free").then_some(())
-    });
+    wait_in_delay(&primary, &mut p, "fw");
     let before_wait = blocked(&primary);
     let mut waiter = primary.conn();
     waiter.send(&["LOCK.ACQUIRE", "fw", "w", "60000", "WAIT", "20000"]);
